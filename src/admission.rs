@@ -1,0 +1,224 @@
+//! Admission: the pure [`guard`](crate::guard) rule composed with a [`MarkStore`].
+//!
+//! An equal token is one atomic load. A higher token takes the resource's advance lock, checks
+//! again, makes the token durable, publishes it and only then admits (persist before forward,
+//! DESIGN 3). Advances of one resource are serialized so a lower concurrent advance loses and is
+//! re-checked; advances of different resources do not wait for each other (beyond the store).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::guard::{Verdict, Watermark};
+use crate::marks::{MarkStore, Marks, StoreError};
+use crate::metrics::{MarkMetrics, Metrics, StoreMetrics};
+use crate::token::FencingToken;
+
+/// One fenced resource: its mark and the lock that serializes its advances.
+#[derive(Debug)]
+pub struct Resource {
+    name: Arc<str>,
+    mark: Watermark,
+    advancing: tokio::sync::Mutex<()>,
+    metrics: MarkMetrics,
+}
+
+impl Resource {
+    /// The resource's name (its key in the mark store).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current mark (0: nothing accepted yet).
+    pub fn mark(&self) -> u64 {
+        self.mark.get()
+    }
+}
+
+/// A token the resource accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admitted {
+    /// The token equals the mark.
+    Current,
+    /// The token raised the mark from `from`; it is durable.
+    Advanced {
+        /// The previous mark.
+        from: u64,
+    },
+}
+
+/// A token the resource refused.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    /// Below the mark.
+    #[error("token {token} is below the mark {mark}")]
+    Stale {
+        /// The refused token.
+        token: FencingToken,
+        /// The resource's mark.
+        mark: u64,
+    },
+    /// Above the mark, but the store could not make it durable; the mark is unchanged.
+    #[error("the mark store could not persist token {token}")]
+    Unavailable {
+        /// The refused token.
+        token: FencingToken,
+        /// Why the store failed.
+        #[source]
+        source: StoreError,
+    },
+}
+
+/// Every fenced resource and the store behind their marks.
+pub struct Admission {
+    store: Arc<dyn MarkStore>,
+    resources: BTreeMap<String, Arc<Resource>>,
+    persist_metrics: StoreMetrics,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Admission")
+            .field("store", &self.store.kind())
+            .field("resources", &self.resources)
+            .finish()
+    }
+}
+
+impl Admission {
+    /// Loads the marks of `resources` from `store`.
+    ///
+    /// Marks the store holds for other resources are kept in the store untouched (marks are
+    /// state, not config: a route removed today may come back tomorrow).
+    ///
+    /// # Errors
+    /// Whatever the store's `load` returns; the proxy must not start without its marks.
+    pub async fn open<I, S>(
+        store: Arc<dyn MarkStore>,
+        resources: I,
+        metrics: &Metrics,
+    ) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let load = metrics.store(store.kind(), "load");
+        let started = Instant::now();
+        let loaded = store.load().await.inspect_err(|_| load.errors.inc())?;
+        load.duration.observe(started.elapsed().as_secs_f64());
+        let resources = resources
+            .into_iter()
+            .map(|name| {
+                let name = name.as_ref();
+                let initial = loaded.get(name).copied().unwrap_or(0);
+                let metrics = metrics.mark(name);
+                metrics.mark.set(initial as i64);
+                let res = Resource {
+                    name: name.into(),
+                    mark: Watermark::new(initial),
+                    advancing: tokio::sync::Mutex::new(()),
+                    metrics,
+                };
+                (name.to_owned(), Arc::new(res))
+            })
+            .collect();
+        let persist_metrics = metrics.store(store.kind(), "persist");
+        Ok(Self { store, resources, persist_metrics })
+    }
+
+    /// The resource named `name`, if it was configured.
+    pub fn resource(&self, name: &str) -> Option<&Arc<Resource>> {
+        self.resources.get(name)
+    }
+
+    /// Current marks of every configured resource.
+    pub fn marks(&self) -> Marks {
+        self.resources.iter().map(|(k, r)| (k.clone(), r.mark())).collect()
+    }
+
+    /// The store behind the marks.
+    pub fn store(&self) -> &dyn MarkStore {
+        &*self.store
+    }
+
+    /// Decides whether `resource` admits `token` (DESIGN 3).
+    ///
+    /// The advance path runs in its own task so that a client hanging up mid-advance cannot
+    /// leave the store written but the mark unpublished, or hold the advance lock half-way.
+    ///
+    /// # Errors
+    /// [`Refused::Stale`] below the mark, [`Refused::Unavailable`] when an advance could not be
+    /// made durable.
+    pub async fn admit(
+        &self,
+        resource: &Arc<Resource>,
+        token: FencingToken,
+    ) -> Result<Admitted, Refused> {
+        match resource.mark.check(token) {
+            Verdict::Admit => Ok(Admitted::Current),
+            Verdict::Stale { mark } => Err(Refused::Stale { token, mark }),
+            Verdict::Advance { .. } => {
+                let task = tokio::spawn(advance(
+                    Arc::clone(resource),
+                    Arc::clone(&self.store),
+                    self.persist_metrics.clone(),
+                    token,
+                ));
+                match task.await {
+                    Ok(r) => r,
+                    Err(e) => Err(Refused::Unavailable { token, source: StoreError::TaskLost(e) }),
+                }
+            }
+        }
+    }
+}
+
+async fn advance(
+    res: Arc<Resource>,
+    store: Arc<dyn MarkStore>,
+    metrics: StoreMetrics,
+    token: FencingToken,
+) -> Result<Admitted, Refused> {
+    let _serialized = res.advancing.lock().await;
+    // Another advance may have won while this one waited for the lock.
+    let from = match res.mark.check(token) {
+        Verdict::Admit => return Ok(Admitted::Current),
+        Verdict::Stale { mark } => return Err(Refused::Stale { token, mark }),
+        Verdict::Advance { from } => from,
+    };
+    let started = Instant::now();
+    let persisted = store.persist(&res.name, token.get()).await;
+    metrics.duration.observe(started.elapsed().as_secs_f64());
+    if let Err(source) = persisted {
+        metrics.errors.inc();
+        return Err(Refused::Unavailable { token, source });
+    }
+    let now = res.mark.publish(token);
+    res.metrics.mark.set(now as i64);
+    res.metrics.advances.inc();
+    tracing::info!(resource = %res.name, from, to = now, "mark advanced");
+    Ok(Admitted::Advanced { from })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::marks::MemoryStore;
+
+    fn t(v: u64) -> FencingToken {
+        FencingToken::new(v).unwrap()
+    }
+
+    #[tokio::test]
+    async fn equal_admits_higher_advances_lower_is_stale() {
+        let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+        let store = Arc::new(MemoryStore::with_marks([("orders".to_owned(), 34)].into()));
+        let adm = Admission::open(store.clone(), ["orders"], &metrics).await.unwrap();
+        let r = adm.resource("orders").unwrap().clone();
+        assert_eq!(r.mark(), 34);
+        assert_eq!(adm.admit(&r, t(34)).await.unwrap(), Admitted::Current);
+        assert_eq!(adm.admit(&r, t(51)).await.unwrap(), Admitted::Advanced { from: 34 });
+        assert!(matches!(adm.admit(&r, t(34)).await, Err(Refused::Stale { mark: 51, .. })));
+        assert_eq!(store.load().await.unwrap().get("orders"), Some(&51));
+    }
+}

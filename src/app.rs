@@ -1,0 +1,123 @@
+//! Wiring: config -> mark store -> admission -> proxy and admin servers.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+
+use crate::admin::Admin;
+use crate::admission::Admission;
+use crate::config::{Config, MarksSettings};
+use crate::marks::{FileStore, MarkStore, MemoryStore, StoreError};
+use crate::metrics::Metrics;
+use crate::proxy::Proxy;
+use crate::server;
+
+/// Listeners for [`run`], bound by the caller (tests bind port 0).
+#[derive(Debug)]
+pub struct Listeners {
+    /// The data path.
+    pub proxy: TcpListener,
+    /// The admin endpoints; `None` to serve none.
+    pub admin: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds the addresses `config` names.
+    ///
+    /// # Errors
+    /// The bind error, with the address in the message.
+    pub async fn bind(config: &Config) -> std::io::Result<Self> {
+        let bind = |addr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
+        };
+        let proxy = bind(config.proxy.listen).await?;
+        let admin = match &config.admin {
+            Some(a) => Some(bind(a.listen).await?),
+            None => None,
+        };
+        Ok(Self { proxy, admin })
+    }
+}
+
+/// Why palisade could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The mark store could not be opened or loaded.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Metric registration failed.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// Opens the mark store `config` asks for.
+///
+/// # Errors
+/// [`StoreError`] when the store cannot be opened (for `file`: unreadable, corrupt, or its
+/// directory is not writable).
+pub fn open_store(config: &Config) -> Result<Arc<dyn MarkStore>, StoreError> {
+    Ok(match &config.marks {
+        MarksSettings::Memory => Arc::new(MemoryStore::new()),
+        MarksSettings::File { path } => Arc::new(FileStore::open(path)?),
+    })
+}
+
+/// Runs palisade on `listeners` until `shutdown` resolves, then drains in-flight requests for
+/// at most `proxy.shutdown_grace_ms`.
+///
+/// # Errors
+/// [`StartError`] before anything is served; once serving, it only returns at shutdown.
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+    let metrics = Metrics::new(prometheus::Registry::new())?;
+    let store = open_store(&config)?;
+    let mut resources: Vec<&str> = config.routes.iter().filter(|r| r.guard).map(|r| r.resource.as_str()).collect();
+    resources.sort_unstable();
+    resources.dedup();
+    let admission = Arc::new(Admission::open(store, resources, &metrics).await?);
+    let proxy = Arc::new(Proxy::new(&config, Arc::clone(&admission), &metrics));
+    let grace = config.proxy.shutdown_grace;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+    let admin_task = listeners.admin.map(|listener| {
+        let admin = Admin::new(Arc::clone(&admission), metrics.clone());
+        let mut stop = stop_rx.clone();
+        tracing::info!(addr = ?listener.local_addr().ok(), "admin listening");
+        tokio::spawn(server::serve(
+            listener,
+            move |req, _peer| {
+                let admin = admin.clone();
+                async move { admin.handle(req).await }
+            },
+            async move {
+                let _ = stop.changed().await;
+            },
+            grace,
+        ))
+    });
+    tracing::info!(
+        addr = ?listeners.proxy.local_addr().ok(),
+        routes = config.routes.len(),
+        store = admission.store().kind(),
+        marks = ?admission.marks(),
+        "palisade listening"
+    );
+    server::serve(
+        listeners.proxy,
+        move |req, peer| {
+            let proxy = Arc::clone(&proxy);
+            async move { proxy.handle(req, peer).await }
+        },
+        shutdown,
+        grace,
+    )
+    .await;
+    drop(stop_tx);
+    if let Some(t) = admin_task {
+        let _ = t.await;
+    }
+    tracing::info!("palisade stopped");
+    Ok(())
+}

@@ -1,0 +1,131 @@
+//! `palisade`: the fencing reverse proxy.
+//!
+//! `palisade run --config FILE` serves until SIGTERM/SIGINT; `palisade check --config FILE`
+//! validates a configuration and exits 2 on the first error.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use palisade::config::Config;
+
+/// Exit code for an invalid configuration (distinct from runtime failures).
+const EXIT_CONFIG: u8 = 2;
+/// Exit code for a failure to start or run.
+const EXIT_RUNTIME: u8 = 1;
+
+#[derive(Parser)]
+#[command(name = "palisade", version, about = "Fencing-token reverse proxy: stale owners cannot write")]
+struct Cli {
+    /// Log format on stderr (filter with RUST_LOG, default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the proxy until SIGTERM or SIGINT.
+    Run {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+    /// Validate a configuration file and exit (2 on the first error).
+    Check {
+        /// The TOML configuration file.
+        #[arg(long, short)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Check { config } => match Config::load(&config) {
+            Ok(c) => {
+                println!(
+                    "{}: ok ({} upstreams, {} routes)",
+                    config.display(),
+                    c.upstreams.len(),
+                    c.routes.len()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(EXIT_CONFIG)
+            }
+        },
+        Command::Run { config } => {
+            let config = match Config::load(&config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+            };
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            if let Some(n) = config.proxy.workers {
+                rt.worker_threads(n);
+            }
+            let rt = match rt.enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("error: cannot start the runtime: {e}");
+                    return ExitCode::from(EXIT_RUNTIME);
+                }
+            };
+            rt.block_on(async move {
+                let listeners = match palisade::Listeners::bind(&config).await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        return ExitCode::from(EXIT_RUNTIME);
+                    }
+                };
+                match palisade::run(config, listeners, shutdown_signal()).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("error: {e}");
+                        ExitCode::from(EXIT_RUNTIME)
+                    }
+                }
+            })
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops palisade");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+}

@@ -1,0 +1,80 @@
+//! Mark stores: where high-water marks live so that they survive restarts (DESIGN 4).
+//!
+//! A store is asked for two things: every mark at start ([`MarkStore::load`]), and to make one
+//! advance durable before the guard publishes it ([`MarkStore::persist`]). A store that cannot
+//! persist returns an error and the request is refused with 503: a mark that only lived in
+//! memory would let a zombie in after a restart.
+
+pub mod file;
+pub mod memory;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+
+pub use file::FileStore;
+pub use memory::MemoryStore;
+
+/// Resource name -> highest accepted token.
+pub type Marks = BTreeMap<String, u64>;
+
+/// A boxed future, so stores can be used behind `dyn MarkStore`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Durable storage for high-water marks.
+///
+/// Implementations must never report success for a write that is not durable, and must never
+/// lower a mark: `persist(r, m)` with a mark below the stored one succeeds without writing.
+pub trait MarkStore: Send + Sync + 'static {
+    /// A short name for logs and metric labels: `memory`, `file`, `etcd`.
+    fn kind(&self) -> &'static str;
+
+    /// Every mark the store holds.
+    fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>>;
+
+    /// Makes `mark` durable for `resource`; resolves only once it is.
+    fn persist<'a>(&'a self, resource: &'a str, mark: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Whether the store can currently take writes (for `/readyz`).
+    fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// Why a mark store could not load or persist.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Reading or writing the marks file failed.
+    #[error("marks file {path}: {op} failed: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// What was being done: `read`, `write`, `fsync`, `rename`, ...
+        op: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The marks file exists but is not a complete, valid marks file. Never treated as empty:
+    /// starting from 0 would re-admit every zombie.
+    #[error(
+        "marks file {path} is corrupt or truncated at line {line}, column {column}: {source}; \
+         refusing to start (restore it from a backup, or delete it only if every resource's \
+         owner has been re-elected since)"
+    )]
+    Corrupt {
+        /// The marks file.
+        path: PathBuf,
+        /// 1-based line of the first problem.
+        line: usize,
+        /// 1-based column of the first problem.
+        column: usize,
+        /// What the JSON parser found.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The persisting task was lost (runtime shutting down).
+    #[error("mark store task ended before the write finished")]
+    TaskLost(#[source] tokio::task::JoinError),
+}

@@ -1,0 +1,219 @@
+//! Prometheus metrics (names fixed by DESIGN 5).
+//!
+//! Label values are resolved once, when routes and resources are known, so the request path
+//! only bumps pre-resolved atomics: no hashing, no locks.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
+};
+
+/// Every request ends in exactly one of these (the `outcome` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Guarded, token fresh (equal or advancing), forwarded.
+    Admitted,
+    /// Unguarded route, forwarded.
+    Passthrough,
+    /// Token below the mark: 409 / ABORTED.
+    Stale,
+    /// Guarded route, no token. Rejected with 428, or forwarded under `missing_token = "allow"`.
+    Missing,
+    /// Malformed token or request path: 400.
+    Malformed,
+    /// The mark store could not persist an advance: 503.
+    Unavailable,
+    /// No route matched: 404.
+    NoRoute,
+    /// The upstream failed or timed out after the request was admitted: 502 / 504.
+    UpstreamError,
+}
+
+impl Outcome {
+    const ALL: [Outcome; 8] = [
+        Outcome::Admitted,
+        Outcome::Passthrough,
+        Outcome::Stale,
+        Outcome::Missing,
+        Outcome::Malformed,
+        Outcome::Unavailable,
+        Outcome::NoRoute,
+        Outcome::UpstreamError,
+    ];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Admitted => "admitted",
+            Outcome::Passthrough => "passthrough",
+            Outcome::Stale => "stale",
+            Outcome::Missing => "missing",
+            Outcome::Malformed => "malformed",
+            Outcome::Unavailable => "unavailable",
+            Outcome::NoRoute => "no_route",
+            Outcome::UpstreamError => "upstream_error",
+        }
+    }
+}
+
+/// All of palisade's metric families, registered in one caller-owned [`Registry`].
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    stale: IntCounterVec,
+    mark: IntGaugeVec,
+    advances: IntCounterVec,
+    duration: HistogramVec,
+    inflight: IntGaugeVec,
+    store_duration: HistogramVec,
+    store_errors: IntCounterVec,
+}
+
+/// Pre-resolved handles for one route.
+#[derive(Debug, Clone)]
+pub struct RouteMetrics {
+    outcomes: [IntCounter; 8],
+    /// `palisade_stale_rejections_total{route,resource}`.
+    pub stale: IntCounter,
+    /// `palisade_request_duration_seconds{route}`.
+    pub duration: Histogram,
+    /// `palisade_inflight_requests{route}`.
+    pub inflight: IntGauge,
+}
+
+impl RouteMetrics {
+    /// Counts one request under `outcome`.
+    pub fn count(&self, outcome: Outcome) {
+        self.outcomes[outcome as usize].inc();
+    }
+}
+
+/// Pre-resolved handles for one resource's mark.
+#[derive(Debug, Clone)]
+pub struct MarkMetrics {
+    /// `palisade_mark{resource}`.
+    pub mark: IntGauge,
+    /// `palisade_mark_advances_total{resource}`.
+    pub advances: IntCounter,
+}
+
+/// Pre-resolved handles for one store operation.
+#[derive(Debug, Clone)]
+pub struct StoreMetrics {
+    /// `palisade_store_operation_duration_seconds{store,op}`.
+    pub duration: Histogram,
+    /// `palisade_store_errors_total{store,op}`.
+    pub errors: IntCounter,
+}
+
+impl Metrics {
+    /// Registers every family in `registry`.
+    ///
+    /// # Errors
+    /// Fails only if a family with one of palisade's names is already registered there.
+    pub fn new(registry: Registry) -> prometheus::Result<Self> {
+        let requests = IntCounterVec::new(
+            Opts::new("palisade_requests_total", "Requests by route and outcome."),
+            &["route", "outcome"],
+        )?;
+        let stale = IntCounterVec::new(
+            Opts::new(
+                "palisade_stale_rejections_total",
+                "Requests rejected because their fencing token was below the resource's mark.",
+            ),
+            &["route", "resource"],
+        )?;
+        let mark = IntGaugeVec::new(
+            Opts::new("palisade_mark", "Highest fencing token accepted for the resource."),
+            &["resource"],
+        )?;
+        let advances = IntCounterVec::new(
+            Opts::new("palisade_mark_advances_total", "Times the resource's mark advanced."),
+            &["resource"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "palisade_request_duration_seconds",
+                "Time from request arrival to response headers.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["route"],
+        )?;
+        let inflight = IntGaugeVec::new(
+            Opts::new(
+                "palisade_inflight_requests",
+                "Requests in progress, until their response body ends.",
+            ),
+            &["route"],
+        )?;
+        let store_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "palisade_store_operation_duration_seconds",
+                "Mark store operation latency.",
+            )
+            .buckets(vec![0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0]),
+            &["store", "op"],
+        )?;
+        let store_errors = IntCounterVec::new(
+            Opts::new("palisade_store_errors_total", "Mark store operations that failed."),
+            &["store", "op"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        registry.register(Box::new(stale.clone()))?;
+        registry.register(Box::new(mark.clone()))?;
+        registry.register(Box::new(advances.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(inflight.clone()))?;
+        registry.register(Box::new(store_duration.clone()))?;
+        registry.register(Box::new(store_errors.clone()))?;
+        Ok(Self {
+            registry,
+            requests,
+            stale,
+            mark,
+            advances,
+            duration,
+            inflight,
+            store_duration,
+            store_errors,
+        })
+    }
+
+    /// Handles for a route guarding `resource` (any name for unguarded routes).
+    pub fn route(&self, route: &str, resource: &str) -> RouteMetrics {
+        RouteMetrics {
+            outcomes: Outcome::ALL.map(|o| self.requests.with_label_values(&[route, o.as_str()])),
+            stale: self.stale.with_label_values(&[route, resource]),
+            duration: self.duration.with_label_values(&[route]),
+            inflight: self.inflight.with_label_values(&[route]),
+        }
+    }
+
+    /// Handles for a resource's mark.
+    pub fn mark(&self, resource: &str) -> MarkMetrics {
+        MarkMetrics {
+            mark: self.mark.with_label_values(&[resource]),
+            advances: self.advances.with_label_values(&[resource]),
+        }
+    }
+
+    /// Handles for one store operation.
+    pub fn store(&self, store: &str, op: &str) -> StoreMetrics {
+        StoreMetrics {
+            duration: self.store_duration.with_label_values(&[store, op]),
+            errors: self.store_errors.with_label_values(&[store, op]),
+        }
+    }
+
+    /// The Prometheus text exposition of every registered family.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus::TextEncoder::new()
+            .encode_utf8(&self.registry.gather(), &mut out)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}

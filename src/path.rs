@@ -1,0 +1,196 @@
+//! Request paths in normal form, so a guarded route cannot be reached by another spelling.
+//!
+//! Palisade matches routes on the path it forwards, and it only forwards paths that every
+//! reasonable upstream reads the same way. A path is accepted when it
+//!
+//! - starts with `/` and contains no empty segment (`//`) except a trailing `/`;
+//! - has no `.` or `..` segment, also not with `;parameters` after it (`/..;/admin`);
+//! - contains only visible ASCII, and no `\`;
+//! - uses `%XX` escapes only with two hex digits, and never for a character that has a plain
+//!   spelling (letters, digits, `-._~`), for `/`, `\`, `;` or `%` itself, or for a control byte.
+//!
+//! Anything else is refused with 400 before routing. The one normalization applied is
+//! upper-casing the hex digits of escapes (`%c3` -> `%C3`), used for matching and forwarding
+//! alike.
+//!
+//! Matching additionally ignores `;parameters` at the end of segments (servlet containers strip
+//! them), so `/orders;jsessionid=1/7` is matched as `/orders/7`; the path is forwarded as it
+//! came. Matching is case-sensitive: in front of a case-insensitive upstream, guard with
+//! prefixes that cover every casing or lower-case the paths upstream of palisade.
+
+use std::borrow::Cow;
+
+/// Why a request path is not in normal form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PathError {
+    /// Not an origin-form path (`*`, empty).
+    #[error("path must start with '/'")]
+    NotAbsolute,
+    /// `//` inside the path.
+    #[error("path contains an empty segment ('//')")]
+    EmptySegment,
+    /// A `.` or `..` segment.
+    #[error("path contains a '.' or '..' segment")]
+    DotSegment,
+    /// A raw backslash.
+    #[error("path contains a backslash")]
+    Backslash,
+    /// A control byte, space or non-ASCII byte.
+    #[error("path contains a byte that must be percent-encoded (0x{0:02x})")]
+    RawByte(u8),
+    /// `%` not followed by two hex digits.
+    #[error("path contains an invalid percent escape")]
+    BadEscape,
+    /// An escape that changes meaning when an upstream decodes it.
+    #[error("path percent-encodes {0:?}, which must not be encoded")]
+    ForbiddenEscape(char),
+}
+
+/// Checks `path` and returns it in normal form (borrowed when nothing changed).
+///
+/// # Errors
+/// [`PathError`] names the first rule the path breaks.
+pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
+    let b = path.as_bytes();
+    if b.first() != Some(&b'/') {
+        return Err(PathError::NotAbsolute);
+    }
+    let mut lower_hex = false;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let (hi, lo) = match (b.get(i + 1), b.get(i + 2)) {
+                    (Some(&h), Some(&l)) if h.is_ascii_hexdigit() && l.is_ascii_hexdigit() => (h, l),
+                    _ => return Err(PathError::BadEscape),
+                };
+                lower_hex |= hi.is_ascii_lowercase() || lo.is_ascii_lowercase();
+                let decoded = (hex(hi) << 4) | hex(lo);
+                if decoded.is_ascii_alphanumeric()
+                    || matches!(decoded, b'-' | b'.' | b'_' | b'~' | b'/' | b'\\' | b';' | b'%')
+                    || decoded.is_ascii_control()
+                {
+                    return Err(PathError::ForbiddenEscape(char::from(decoded)));
+                }
+                i += 3;
+                continue;
+            }
+            b'\\' => return Err(PathError::Backslash),
+            c if !c.is_ascii_graphic() => return Err(PathError::RawByte(c)),
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut segments = path[1..].split('/').peekable();
+    while let Some(seg) = segments.next() {
+        let last = segments.peek().is_none();
+        if seg.is_empty() && !last {
+            return Err(PathError::EmptySegment);
+        }
+        let name = seg.split(';').next().unwrap_or(seg);
+        if name == "." || name == ".." {
+            return Err(PathError::DotSegment);
+        }
+    }
+    if !lower_hex {
+        return Ok(Cow::Borrowed(path));
+    }
+    let mut out = String::with_capacity(path.len());
+    let mut escape_left = 0;
+    for c in path.chars() {
+        if c == '%' {
+            escape_left = 2;
+            out.push(c);
+        } else if escape_left > 0 {
+            escape_left -= 1;
+            out.push(c.to_ascii_uppercase());
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(Cow::Owned(out))
+}
+
+fn hex(c: u8) -> u8 {
+    match c {
+        b'0'..=b'9' => c - b'0',
+        b'a'..=b'f' => c - b'a' + 10,
+        _ => c - b'A' + 10,
+    }
+}
+
+/// The form routes are matched against: a normal-form path with `;parameters` removed from
+/// every segment. Borrowed when the path has none.
+pub fn match_key(path: &str) -> Cow<'_, str> {
+    if !path.contains(';') {
+        return Cow::Borrowed(path);
+    }
+    let mut out = String::with_capacity(path.len());
+    for (i, seg) in path.split('/').enumerate() {
+        if i > 0 {
+            out.push('/');
+        }
+        out.push_str(seg.split(';').next().unwrap_or(seg));
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normal_paths_pass_unchanged() {
+        for p in ["/", "/orders", "/orders/", "/orders/7?x", "/a%20b", "/caf%C3%A9", "/a;b=c/d", "/a.b/..c/.d"] {
+            assert_eq!(normalize(p), Ok(Cow::Borrowed(p)), "{p}");
+        }
+    }
+
+    #[test]
+    fn lower_case_escapes_are_upper_cased() {
+        assert_eq!(normalize("/caf%c3%a9").unwrap(), "/caf%C3%A9");
+    }
+
+    #[test]
+    fn alternative_spellings_are_refused() {
+        use PathError::*;
+        let cases = [
+            ("", NotAbsolute),
+            ("*", NotAbsolute),
+            ("orders", NotAbsolute),
+            ("//orders", EmptySegment),
+            ("/orders//7", EmptySegment),
+            ("/./orders", DotSegment),
+            ("/x/../orders", DotSegment),
+            ("/x/..;/orders", DotSegment),
+            ("/x/.;a/orders", DotSegment),
+            ("/orders/..", DotSegment),
+            ("/x\\..\\orders", Backslash),
+            ("/%6Frders", ForbiddenEscape('o')),
+            ("/%6frders", ForbiddenEscape('o')),
+            ("/x/%2e%2e/orders", ForbiddenEscape('.')),
+            ("/x%2Forders", ForbiddenEscape('/')),
+            ("/x%5Corders", ForbiddenEscape('\\')),
+            ("/orders%00", ForbiddenEscape('\0')),
+            ("/orders%3Bx", ForbiddenEscape(';')),
+            ("/%2536Frders", ForbiddenEscape('%')),
+            ("/orders%", BadEscape),
+            ("/orders%2", BadEscape),
+            ("/orders%zz", BadEscape),
+            ("/ord ers", RawByte(b' ')),
+            ("/orders\0", RawByte(0)),
+            ("/ordérs", RawByte(0xc3)),
+        ];
+        for (p, want) in cases {
+            assert_eq!(normalize(p), Err(want), "{p:?}");
+        }
+    }
+
+    #[test]
+    fn match_key_drops_segment_parameters() {
+        assert_eq!(match_key("/orders;jsessionid=1/7"), "/orders/7");
+        assert_eq!(match_key("/orders"), "/orders");
+        assert_eq!(match_key("/a;x"), "/a");
+    }
+}

@@ -1,0 +1,148 @@
+//! Every refusal palisade answers, and its HTTP and gRPC form, in one table (DESIGN 3).
+//!
+//! Nothing else on the request path builds an error response: the proxy turns each failure into
+//! a [`Rejection`] and calls [`Rejection::respond`].
+
+use bytes::Bytes;
+use http::{header, HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
+
+use crate::path::PathError;
+use crate::token::TokenError;
+
+/// Header on a 409 that tells the client the mark that refused it.
+pub const MARK_HEADER: &str = "x-fencing-mark";
+
+/// Why a request was not forwarded, or failed after it was.
+#[derive(Debug, thiserror::Error)]
+pub enum Rejection {
+    /// A guarded route with `missing_token = "reject"` got no token.
+    #[error("this route requires a fencing token")]
+    MissingToken,
+    /// The token header is not a canonical token.
+    #[error("malformed fencing token: {0}")]
+    MalformedToken(#[source] TokenError),
+    /// The request path is not in normal form (see [`crate::path`]).
+    #[error("request path is not in normal form: {0}")]
+    BadPath(#[source] PathError),
+    /// The token is below the resource's mark.
+    #[error("fencing token {token} is below the resource's mark {mark}: a newer owner exists")]
+    Stale {
+        /// The refused token.
+        token: u64,
+        /// The mark.
+        mark: u64,
+    },
+    /// The mark store could not make an advance durable.
+    #[error("the mark store cannot persist the new mark; refusing rather than risking a lost mark")]
+    StoreUnavailable,
+    /// No route matches.
+    #[error("no route matches this request")]
+    NoRoute,
+    /// The upstream could not be reached or failed mid-request.
+    #[error("upstream failed: {0}")]
+    UpstreamFailed(String),
+    /// The upstream did not send response headers in time.
+    #[error("upstream did not respond within {0:?}")]
+    UpstreamTimeout(std::time::Duration),
+}
+
+/// What is known about the request being refused, for the response body and logs.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Context<'a> {
+    /// The matched route's name.
+    pub route: Option<&'a str>,
+    /// The route's resource, when guarded.
+    pub resource: Option<&'a str>,
+    /// The token, when one parsed.
+    pub token: Option<u64>,
+}
+
+// gRPC status codes (grpc/doc/statuscodes.md).
+const INVALID_ARGUMENT: u8 = 3;
+const DEADLINE_EXCEEDED: u8 = 4;
+const ABORTED: u8 = 10;
+const UNIMPLEMENTED: u8 = 12;
+const UNAVAILABLE: u8 = 14;
+
+// grpc-message is percent-encoded: everything outside printable ASCII, and '%' itself.
+const GRPC_MESSAGE: &AsciiSet = &CONTROLS.add(b'%');
+
+impl Rejection {
+    /// The table: HTTP status, gRPC status and the machine-readable `error` string.
+    pub fn classify(&self) -> (StatusCode, u8, &'static str) {
+        match self {
+            Rejection::MissingToken => (StatusCode::PRECONDITION_REQUIRED, INVALID_ARGUMENT, "missing_token"),
+            Rejection::MalformedToken(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_token"),
+            Rejection::BadPath(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_path"),
+            Rejection::Stale { .. } => (StatusCode::CONFLICT, ABORTED, "stale_token"),
+            Rejection::StoreUnavailable => (StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, "store_unavailable"),
+            Rejection::NoRoute => (StatusCode::NOT_FOUND, UNIMPLEMENTED, "no_route"),
+            Rejection::UpstreamFailed(_) => (StatusCode::BAD_GATEWAY, UNAVAILABLE, "upstream_unavailable"),
+            Rejection::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, DEADLINE_EXCEEDED, "upstream_timeout"),
+        }
+    }
+
+    /// The response: JSON for HTTP, trailers-only for gRPC (`grpc` = the request's content
+    /// type is `application/grpc*`).
+    pub fn respond(&self, ctx: Context<'_>, grpc: bool) -> Response<Full<Bytes>> {
+        let (status, grpc_status, code) = self.classify();
+        let message = self.to_string();
+        let mark = match self {
+            Rejection::Stale { mark, .. } => Some(*mark),
+            _ => None,
+        };
+        let mut resp = if grpc {
+            // Trailers-only: HTTP 200, status in the headers, no body, END_STREAM on HEADERS.
+            let mut r = Response::new(Full::new(Bytes::new()));
+            let h = r.headers_mut();
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            h.insert("grpc-status", HeaderValue::from(u16::from(grpc_status)));
+            let encoded = utf8_percent_encode(&message, GRPC_MESSAGE).to_string();
+            if let Ok(v) = HeaderValue::from_str(&encoded) {
+                h.insert("grpc-message", v);
+            }
+            r
+        } else {
+            let body = serde_json::json!({
+                "error": code,
+                "message": message,
+                "route": ctx.route,
+                "resource": ctx.resource,
+                "token": ctx.token,
+                "mark": mark,
+            });
+            let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+            *r.status_mut() = status;
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        };
+        if let Some(m) = mark {
+            resp.headers_mut().insert(MARK_HEADER, HeaderValue::from(m));
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_http_has_json_and_mark_header() {
+        let ctx = Context { route: Some("w"), resource: Some("orders"), token: Some(34) };
+        let r = Rejection::Stale { token: 34, mark: 51 }.respond(ctx, false);
+        assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[MARK_HEADER], "51");
+    }
+
+    #[test]
+    fn grpc_form_is_trailers_only() {
+        let r = Rejection::Stale { token: 34, mark: 51 }.respond(Context::default(), true);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["grpc-status"], "10");
+        assert_eq!(r.headers()["content-type"], "application/grpc");
+        assert!(http_body::Body::is_end_stream(r.body()));
+    }
+}
