@@ -84,7 +84,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     let admin_task = listeners.admin.map(|listener| {
         let admin = Admin::new(Arc::clone(&admission), metrics.clone());
         let mut stop = stop_rx.clone();
-        tracing::info!(addr = ?listener.local_addr().ok(), "admin listening");
+        tracing::info!(addr = %display_addr(&listener), "admin listening");
         tokio::spawn(server::serve(
             listener,
             move |req, _peer| {
@@ -98,7 +98,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
         ))
     });
     tracing::info!(
-        addr = ?listeners.proxy.local_addr().ok(),
+        addr = %display_addr(&listeners.proxy),
         routes = config.routes.len(),
         store = admission.store().kind(),
         marks = ?admission.marks(),
@@ -120,4 +120,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
     }
     tracing::info!("palisade stopped");
     Ok(())
+}
+
+fn display_addr(l: &TcpListener) -> String {
+    l.local_addr().map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string())
 }

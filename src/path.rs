@@ -3,7 +3,7 @@
 //! Palisade matches routes on the path it forwards, and it only forwards paths that every
 //! reasonable upstream reads the same way. A path is accepted when it
 //!
-//! - starts with `/` and contains no empty segment (`//`) except a trailing `/`;
+//! - starts with `/` and contains no empty segment (`//`, `/;x/`) except a trailing `/`;
 //! - has no `.` or `..` segment, also not with `;parameters` after it (`/..;/admin`);
 //! - contains only visible ASCII, and no `\`;
 //! - uses `%XX` escapes only with two hex digits, and never for a character that has a plain
@@ -89,6 +89,10 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
             return Err(PathError::EmptySegment);
         }
         let name = seg.split(';').next().unwrap_or(seg);
+        // `/;x/orders` reads as `//orders` to an upstream that strips segment parameters.
+        if name.is_empty() && !last {
+            return Err(PathError::EmptySegment);
+        }
         if name == "." || name == ".." {
             return Err(PathError::DotSegment);
         }
@@ -161,6 +165,7 @@ mod tests {
             ("orders", NotAbsolute),
             ("//orders", EmptySegment),
             ("/orders//7", EmptySegment),
+            ("/;x/orders", EmptySegment),
             ("/./orders", DotSegment),
             ("/x/../orders", DotSegment),
             ("/x/..;/orders", DotSegment),

@@ -1,0 +1,341 @@
+//! Test support: a recording upstream, an in-process proxy, a proxy process, HTTP clients.
+//!
+//! Everything binds `127.0.0.1:0`; nothing depends on fixed ports or test order.
+
+#![allow(dead_code, unreachable_pub)]
+
+pub mod grpc;
+
+use std::convert::Infallible;
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use palisade::{Config, Listeners};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// What the upstream saw of one request.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub method: Method,
+    pub path: String,
+    pub version: http::Version,
+    pub token: Option<String>,
+    pub headers: HeaderMap,
+}
+
+/// The upstream's own log of every request that reached it.
+#[derive(Debug, Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<Seen>>>);
+
+impl Log {
+    pub fn push(&self, s: Seen) {
+        self.0.lock().unwrap().push(s);
+    }
+    pub fn all(&self) -> Vec<Seen> {
+        self.0.lock().unwrap().clone()
+    }
+    pub fn tokens(&self) -> Vec<Option<String>> {
+        self.all().into_iter().map(|s| s.token).collect()
+    }
+    pub fn paths(&self) -> Vec<String> {
+        self.all().into_iter().map(|s| s.path).collect()
+    }
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap().len()
+    }
+}
+
+type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+/// A small "legacy" HTTP service (HTTP/1.1 and h2c on one port) that logs every request.
+///
+/// - `/upload`: reads the whole body, answers with the byte count;
+/// - `/download?N`: streams N bytes;
+/// - `.../trailers`: answers with a body and a trailer `x-checksum: 42`;
+/// - `.../slow?MS`: waits MS milliseconds, then answers;
+/// - anything else: `200 ok <method> <path>`.
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub log: Log,
+    _stop: oneshot::Sender<()>,
+}
+
+pub async fn upstream() -> Upstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = Log::default();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let l = log.clone();
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |req, _peer| {
+            let log = l.clone();
+            async move { upstream_handle(req, log).await }
+        },
+        async move {
+            let _ = stopped.await;
+        },
+        Duration::from_secs(1),
+    ));
+    Upstream { addr, log, _stop: stop }
+}
+
+async fn upstream_handle(req: Request<Incoming>, log: Log) -> Response<UpBody> {
+    let token = req.headers().get("x-fencing-token").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    log.push(Seen {
+        method: req.method().clone(),
+        path: req.uri().path().to_owned(),
+        version: req.version(),
+        token,
+        headers: req.headers().clone(),
+    });
+    let query = req.uri().query().unwrap_or("").to_owned();
+    match req.uri().path() {
+        "/upload" => {
+            let mut body = req.into_body();
+            let mut n: u64 = 0;
+            while let Some(frame) = body.frame().await {
+                if let Ok(d) = frame.unwrap().into_data() {
+                    n += d.len() as u64;
+                }
+            }
+            full(n.to_string())
+        }
+        "/download" => {
+            let total: usize = query.parse().unwrap();
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let stream = futures_stream(total, chunk);
+            Response::new(BodyExt::boxed(StreamBody::new(stream)))
+        }
+        p if p.ends_with("/trailers") => {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("x-checksum", HeaderValue::from_static("42"));
+            let frames = vec![Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
+            let mut r = Response::new(BodyExt::boxed(StreamBody::new(tokio_stream::iter(frames))));
+            // HTTP/1.1 sends only trailers the response declares.
+            r.headers_mut().insert("trailer", HeaderValue::from_static("x-checksum"));
+            r
+        }
+        p if p.ends_with("/slow") => {
+            tokio::time::sleep(Duration::from_millis(query.parse().unwrap_or(500))).await;
+            full("slow done")
+        }
+        p => full(format!("ok {} {p}", req.method())),
+    }
+}
+
+fn futures_stream(total: usize, chunk: Bytes) -> impl tokio_stream::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+    let mut left = total;
+    tokio_stream::iter(std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        let n = left.min(chunk.len());
+        left -= n;
+        Some(Ok(Frame::data(chunk.slice(..n))))
+    }))
+}
+
+fn full(s: impl Into<Bytes>) -> Response<UpBody> {
+    Response::new(BodyExt::boxed(Full::new(s.into())))
+}
+
+/// Substitutes `{upstream}` and `{marks}` in a config template.
+pub fn render(template: &str, upstream: SocketAddr, marks: &Path) -> String {
+    template.replace("{upstream}", &upstream.to_string()).replace("{marks}", &marks.display().to_string())
+}
+
+/// A proxy running in this process.
+pub struct Proxy {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<Result<(), palisade::app::StartError>>>,
+}
+
+impl Proxy {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Signals shutdown and waits for the drain to finish.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.take().unwrap().await.unwrap().unwrap();
+    }
+
+    pub async fn metrics(&self) -> String {
+        let r = get(&format!("http://{}/metrics", self.admin)).await;
+        String::from_utf8(r.body.to_vec()).unwrap()
+    }
+
+    pub async fn marks(&self) -> serde_json::Value {
+        let r = get(&format!("http://{}/marks", self.admin)).await;
+        serde_json::from_slice(&r.body).unwrap()
+    }
+}
+
+/// Starts palisade in this task's runtime with `config_text` (listen addresses are ignored:
+/// both listeners bind port 0). `dir` is where the config pretends to live.
+pub async fn proxy(config_text: &str, dir: &Path) -> Proxy {
+    let config = Config::parse(config_text, &dir.join("palisade.toml")).unwrap();
+    let listeners = Listeners {
+        proxy: TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        admin: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+    };
+    let addr = listeners.proxy.local_addr().unwrap();
+    let admin = listeners.admin.as_ref().unwrap().local_addr().unwrap();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(palisade::run(config, listeners, async move {
+        let _ = stopped.await;
+    }));
+    Proxy { addr, admin, stop: Some(stop), task: Some(task) }
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Got {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl Got {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
+    }
+}
+
+pub type TestClient = Client<HttpConnector, Full<Bytes>>;
+
+pub fn http1_client() -> TestClient {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+pub fn h2c_client() -> TestClient {
+    Client::builder(TokioExecutor::new()).http2_only(true).build(HttpConnector::new())
+}
+
+/// Sends a request with the given extra headers and reads the whole response.
+pub async fn send(client: &TestClient, method: Method, url: &str, headers: &[(&str, &[u8])], body: &'static [u8]) -> Got {
+    let mut req = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, HeaderValue::from_bytes(v).unwrap());
+    }
+    let resp = client.request(req.body(Full::new(Bytes::from_static(body))).unwrap()).await.unwrap();
+    read(resp).await
+}
+
+pub async fn read(resp: Response<Incoming>) -> Got {
+    let (parts, body) = resp.into_parts();
+    let collected = body.collect().await.unwrap();
+    let trailers = collected.trailers().cloned();
+    Got { status: parts.status, headers: parts.headers, body: collected.to_bytes(), trailers }
+}
+
+pub async fn get(url: &str) -> Got {
+    send(&http1_client(), Method::GET, url, &[], b"").await
+}
+
+/// A POST with an optional token over HTTP/1.1.
+pub async fn post(url: &str, token: Option<&str>) -> Got {
+    let headers: Vec<(&str, &[u8])> = token.map(|t| ("x-fencing-token", t.as_bytes())).into_iter().collect();
+    send(&http1_client(), Method::POST, url, &headers, b"payload").await
+}
+
+/// The value of one sample in a Prometheus text exposition, e.g.
+/// `metric(&text, "palisade_mark{resource=\"orders\"}")`.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// The palisade binary, run as a child process, killed on drop.
+pub struct ProxyProcess {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: Option<SocketAddr>,
+}
+
+/// Starts `palisade run --config <path>` and waits until it reports its listening address.
+/// Returns the child's stderr text instead when it exits before listening.
+pub fn spawn_proxy(config: &Path) -> Result<ProxyProcess, (Option<i32>, String)> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["--log-format", "json", "run", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = BufReader::new(stderr).lines();
+    let mut seen = String::new();
+    let mut admin = None;
+    loop {
+        let Some(Ok(line)) = lines.next() else {
+            let status = child.wait().unwrap();
+            return Err((status.code(), seen));
+        };
+        seen.push_str(&line);
+        seen.push('\n');
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let fields = &v["fields"];
+        match fields["message"].as_str() {
+            Some("admin listening") => admin = fields["addr"].as_str().and_then(|a| a.parse().ok()),
+            Some("palisade listening") => {
+                let addr = fields["addr"].as_str().unwrap().parse().unwrap();
+                // Keep draining stderr so the child never blocks on a full pipe.
+                std::thread::spawn(move || for _ in lines {});
+                return Ok(ProxyProcess { child, addr, admin });
+            }
+            _ => {}
+        }
+    }
+}
+
+impl ProxyProcess {
+    pub fn kill9(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// Peak resident set size in KiB (VmHWM).
+    pub fn peak_rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for ProxyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes `text` to `dir/name` and returns the path.
+pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
