@@ -41,15 +41,25 @@ impl Admin {
             "/livez" => text(StatusCode::OK, "ok\n"),
             "/readyz" => match self.admission.store().ready().await {
                 Ok(()) => text(StatusCode::OK, "ready\n"),
-                Err(e) => text(StatusCode::SERVICE_UNAVAILABLE, format!("mark store not ready: {e}\n")),
+                Err(e) => text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("mark store not ready: {e}\n"),
+                ),
             },
             "/marks" => {
-                let body = serde_json::to_string(&self.admission.marks()).expect("a map of integers serializes");
+                let body = serde_json::to_string(&self.admission.marks())
+                    .expect("a map of integers serializes");
                 let mut r = text(StatusCode::OK, body);
-                r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
                 r
             }
-            _ => text(StatusCode::NOT_FOUND, "not found: try /metrics, /livez, /readyz or /marks\n"),
+            _ => text(
+                StatusCode::NOT_FOUND,
+                "not found: try /metrics, /livez, /readyz or /marks\n",
+            ),
         }
     }
 }
@@ -57,6 +67,9 @@ impl Admin {
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }

@@ -70,10 +70,19 @@ pub fn open_store(config: &Config) -> Result<Arc<dyn MarkStore>, StoreError> {
 ///
 /// # Errors
 /// [`StartError`] before anything is served; once serving, it only returns at shutdown.
-pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()>) -> Result<(), StartError> {
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
     let metrics = Metrics::new(prometheus::Registry::new())?;
     let store = open_store(&config)?;
-    let mut resources: Vec<&str> = config.routes.iter().filter(|r| r.guard).map(|r| r.resource.as_str()).collect();
+    let mut resources: Vec<&str> = config
+        .routes
+        .iter()
+        .filter(|r| r.guard)
+        .map(|r| r.resource.as_str())
+        .collect();
     resources.sort_unstable();
     resources.dedup();
     let admission = Arc::new(Admission::open(store, resources, &metrics).await?);
@@ -123,5 +132,6 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Out
 }
 
 fn display_addr(l: &TcpListener) -> String {
-    l.local_addr().map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string())
+    l.local_addr()
+        .map_or_else(|e| format!("(unknown: {e})"), |a| a.to_string())
 }

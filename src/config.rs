@@ -126,7 +126,10 @@ impl PathMatch {
     pub fn matches(&self, key: &str) -> bool {
         match self {
             PathMatch::Exact(p) => {
-                key == p || (key.len() == p.len() + 1 && key.starts_with(p.as_str()) && key.ends_with('/'))
+                key == p
+                    || (key.len() == p.len() + 1
+                        && key.starts_with(p.as_str())
+                        && key.ends_with('/'))
             }
             PathMatch::Prefix(p) => key.starts_with(p.as_str()),
         }
@@ -300,8 +303,10 @@ impl Config {
     /// [`ConfigError`] naming the file, line, column and key of the first problem.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
         let file = path.as_ref().to_path_buf();
-        let text = std::fs::read_to_string(&file)
-            .map_err(|source| ConfigError::Read { file: file.clone(), source })?;
+        let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
         Self::parse(&text, &file)
     }
 
@@ -323,7 +328,12 @@ struct Validator<'a> {
 }
 
 impl Validator<'_> {
-    fn error(&self, offset: usize, key: impl Into<String>, message: impl fmt::Display) -> ConfigError {
+    fn error(
+        &self,
+        offset: usize,
+        key: impl Into<String>,
+        message: impl fmt::Display,
+    ) -> ConfigError {
         let before = &self.text[..offset.min(self.text.len())];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
@@ -336,7 +346,12 @@ impl Validator<'_> {
         }
     }
 
-    fn at<T>(&self, s: &Spanned<T>, key: impl Into<String>, message: impl fmt::Display) -> ConfigError {
+    fn at<T>(
+        &self,
+        s: &Spanned<T>,
+        key: impl Into<String>,
+        message: impl fmt::Display,
+    ) -> ConfigError {
         self.error(s.span().start, key, message)
     }
 
@@ -353,7 +368,11 @@ impl Validator<'_> {
 
     fn listen(&self, s: &Spanned<String>, key: &str) -> Result<SocketAddr, ConfigError> {
         s.get_ref().parse().map_err(|e| {
-            self.at(s, key, format_args!("{:?} is not an IP:port socket address ({e})", s.get_ref()))
+            self.at(
+                s,
+                key,
+                format_args!("{:?} is not an IP:port socket address ({e})", s.get_ref()),
+            )
         })
     }
 
@@ -383,7 +402,11 @@ impl Validator<'_> {
                 .ok()
                 .filter(|n| n.as_str() == h.get_ref())
                 .ok_or_else(|| {
-                    self.at(&h, "fencing.header", format_args!("{:?} is not a lower-case HTTP header name", h.get_ref()))
+                    self.at(
+                        &h,
+                        "fencing.header",
+                        format_args!("{:?} is not a lower-case HTTP header name", h.get_ref()),
+                    )
                 })?,
         };
         let marks = match (raw.marks.store, raw.marks.path) {
@@ -409,16 +432,37 @@ impl Validator<'_> {
                 return Err(self.at(&u.name, key("name"), "must not be empty"));
             }
             if upstreams.iter().any(|x| &x.name == name) {
-                return Err(self.at(&u.name, key("name"), format_args!("another [[upstream]] is already named {name:?}")));
+                return Err(self.at(
+                    &u.name,
+                    key("name"),
+                    format_args!("another [[upstream]] is already named {name:?}"),
+                ));
             }
-            let bad_url = |why: &str| self.at(&u.url, key("url"), format_args!("{:?} {why}", u.url.get_ref()));
-            let uri: Uri = u.url.get_ref().parse().map_err(|_| bad_url("is not a URL"))?;
+            let bad_url = |why: &str| {
+                self.at(
+                    &u.url,
+                    key("url"),
+                    format_args!("{:?} {why}", u.url.get_ref()),
+                )
+            };
+            let uri: Uri = u
+                .url
+                .get_ref()
+                .parse()
+                .map_err(|_| bad_url("is not a URL"))?;
             if uri.scheme() != Some(&Scheme::HTTP) {
-                return Err(bad_url("must start with http:// (TLS to upstreams is not supported yet)"));
+                return Err(bad_url(
+                    "must start with http:// (TLS to upstreams is not supported yet)",
+                ));
             }
-            let authority = uri.authority().cloned().ok_or_else(|| bad_url("has no host"))?;
+            let authority = uri
+                .authority()
+                .cloned()
+                .ok_or_else(|| bad_url("has no host"))?;
             if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-                return Err(bad_url("must not have a path or query: routes forward the request's own path"));
+                return Err(bad_url(
+                    "must not have a path or query: routes forward the request's own path",
+                ));
             }
             upstreams.push(UpstreamSettings {
                 name: name.clone(),
@@ -426,7 +470,8 @@ impl Validator<'_> {
                 authority,
                 protocol: u.protocol,
                 connect_timeout: Duration::from_millis(u.connect_timeout_ms),
-                response_timeout: (u.response_timeout_ms > 0).then(|| Duration::from_millis(u.response_timeout_ms)),
+                response_timeout: (u.response_timeout_ms > 0)
+                    .then(|| Duration::from_millis(u.response_timeout_ms)),
             });
         }
 
@@ -439,37 +484,68 @@ impl Validator<'_> {
                 return Err(self.at(&r.name, key("name"), "must not be empty"));
             }
             if !names.insert(name.clone()) {
-                return Err(self.at(&r.name, key("name"), format_args!("another [[route]] is already named {name:?}")));
+                return Err(self.at(
+                    &r.name,
+                    key("name"),
+                    format_args!("another [[route]] is already named {name:?}"),
+                ));
             }
             let upstream = upstreams
                 .iter()
                 .position(|u| &u.name == r.upstream.get_ref())
                 .ok_or_else(|| {
-                    self.at(&r.upstream, key("upstream"), format_args!("no [[upstream]] is named {:?}", r.upstream.get_ref()))
+                    self.at(
+                        &r.upstream,
+                        key("upstream"),
+                        format_args!("no [[upstream]] is named {:?}", r.upstream.get_ref()),
+                    )
                 })?;
             let path = match (r.path, r.path_prefix) {
                 (Some(p), None) => PathMatch::Exact(self.route_path(&p, &key("path"))?),
                 (None, Some(p)) => PathMatch::Prefix(self.route_path(&p, &key("path_prefix"))?),
                 (Some(p), Some(_)) => {
-                    return Err(self.at(&p, key("path"), "set either path or path_prefix, not both"))
+                    return Err(self.at(
+                        &p,
+                        key("path"),
+                        "set either path or path_prefix, not both",
+                    ))
                 }
                 (None, None) => {
-                    return Err(self.at(&r.name, key("path_prefix"), "a route needs path or path_prefix (use \"/\" for everything)"))
+                    return Err(self.at(
+                        &r.name,
+                        key("path_prefix"),
+                        "a route needs path or path_prefix (use \"/\" for everything)",
+                    ))
                 }
             };
             let methods = match r.methods {
                 None => None,
                 Some(list) => {
                     if list.get_ref().is_empty() {
-                        return Err(self.at(&list, key("methods"), "must list at least one method (omit it for every method)"));
+                        return Err(self.at(
+                            &list,
+                            key("methods"),
+                            "must list at least one method (omit it for every method)",
+                        ));
                     }
                     let mut out = Vec::new();
                     for (j, m) in list.get_ref().iter().enumerate() {
                         let s = m.get_ref();
-                        let valid = !s.is_empty() && s.bytes().all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_');
-                        let method = valid.then(|| Method::from_bytes(s.as_bytes()).ok()).flatten().ok_or_else(|| {
-                            self.at(m, key(&format!("methods[{j}]")), format_args!("{s:?} is not an HTTP method (upper case, e.g. \"POST\")"))
-                        })?;
+                        let valid = !s.is_empty()
+                            && s.bytes()
+                                .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_');
+                        let method = valid
+                            .then(|| Method::from_bytes(s.as_bytes()).ok())
+                            .flatten()
+                            .ok_or_else(|| {
+                                self.at(
+                                    m,
+                                    key(&format!("methods[{j}]")),
+                                    format_args!(
+                                        "{s:?} is not an HTTP method (upper case, e.g. \"POST\")"
+                                    ),
+                                )
+                            })?;
                         if !out.contains(&method) {
                             out.push(method);
                         }
@@ -482,7 +558,11 @@ impl Validator<'_> {
                 Some(h) => {
                     let s = h.get_ref();
                     if s.is_empty() || s.contains([':', '/', ' ']) {
-                        return Err(self.at(&h, key("host"), format_args!("{s:?} must be a bare host name without port")));
+                        return Err(self.at(
+                            &h,
+                            key("host"),
+                            format_args!("{s:?} must be a bare host name without port"),
+                        ));
                     }
                     Some(s.to_ascii_lowercase())
                 }
@@ -506,14 +586,26 @@ impl Validator<'_> {
                 strip_token: r.strip_token,
             });
         }
-        Ok(Config { file: self.file.to_path_buf(), proxy, admin, fencing: FencingSettings { header }, marks, upstreams, routes })
+        Ok(Config {
+            file: self.file.to_path_buf(),
+            proxy,
+            admin,
+            fencing: FencingSettings { header },
+            marks,
+            upstreams,
+            routes,
+        })
     }
 
     fn route_path(&self, p: &Spanned<String>, key: &str) -> Result<String, ConfigError> {
         match path::normalize(p.get_ref()) {
             Ok(n) if !n.contains(';') => Ok(n.into_owned()),
             Ok(_) => Err(self.at(p, key, "must not contain ';'")),
-            Err(e) => Err(self.at(p, key, format_args!("{:?} is not a normal-form path: {e}", p.get_ref()))),
+            Err(e) => Err(self.at(
+                p,
+                key,
+                format_args!("{:?} is not a normal-form path: {e}", p.get_ref()),
+            )),
         }
     }
 }
@@ -539,7 +631,13 @@ methods = ["POST"]
 
     fn err(text: &str) -> (usize, usize, String, String) {
         match Config::parse(text, Path::new("p.toml")).unwrap_err() {
-            ConfigError::Invalid { line, column, key, message, .. } => (line, column, key, message),
+            ConfigError::Invalid {
+                line,
+                column,
+                key,
+                message,
+                ..
+            } => (line, column, key, message),
             e => panic!("{e}"),
         }
     }
@@ -550,14 +648,22 @@ methods = ["POST"]
         assert_eq!(c.routes[0].resource, "orders");
         assert!(c.routes[0].guard);
         assert_eq!(c.routes[0].missing_token, MissingToken::Reject);
-        assert_eq!(c.marks, MarksSettings::File { path: PathBuf::from("conf/data/marks.json") });
+        assert_eq!(
+            c.marks,
+            MarksSettings::File {
+                path: PathBuf::from("conf/data/marks.json")
+            }
+        );
         assert_eq!(c.fencing.header.as_str(), "x-fencing-token");
         assert!(c.admin.is_none());
     }
 
     #[test]
     fn unknown_key_names_line_column_and_key() {
-        let text = BASE.replace("methods = [\"POST\"]", "methods = [\"POST\"]\ngaurd = false");
+        let text = BASE.replace(
+            "methods = [\"POST\"]",
+            "methods = [\"POST\"]\ngaurd = false",
+        );
         let (line, col, key, msg) = err(&text);
         assert_eq!((line, col), (14, 1));
         assert_eq!(key, "route[0].gaurd");
@@ -566,10 +672,12 @@ methods = ["POST"]
 
     #[test]
     fn unknown_upstream_duplicate_route_bad_listen_bad_method() {
-        let (line, col, key, _) = err(&BASE.replace("upstream = \"legacy\"", "upstream = \"legcy\""));
+        let (line, col, key, _) =
+            err(&BASE.replace("upstream = \"legacy\"", "upstream = \"legcy\""));
         assert_eq!((line, col, key.as_str()), (11, 12, "route[0].upstream"));
 
-        let dup = format!("{BASE}\n[[route]]\nname = \"orders\"\nupstream = \"legacy\"\npath = \"/x\"\n");
+        let dup =
+            format!("{BASE}\n[[route]]\nname = \"orders\"\nupstream = \"legacy\"\npath = \"/x\"\n");
         let (line, col, key, _) = err(&dup);
         assert_eq!((line, col, key.as_str()), (16, 8, "route[1].name"));
 

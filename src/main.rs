@@ -15,7 +15,11 @@ const EXIT_CONFIG: u8 = 2;
 const EXIT_RUNTIME: u8 = 1;
 
 #[derive(Parser)]
-#[command(name = "palisade", version, about = "Fencing-token reverse proxy: stale owners cannot write")]
+#[command(
+    name = "palisade",
+    version,
+    about = "Fencing-token reverse proxy: stale owners cannot write"
+)]
 struct Cli {
     /// Log format on stderr (filter with RUST_LOG, default `info`).
     #[arg(long, value_enum, default_value_t = LogFormat::Text, global = true)]
@@ -107,7 +111,9 @@ fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

@@ -70,12 +70,23 @@ pub struct Metrics {
     store_errors: IntCounterVec,
 }
 
+/// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
+#[derive(Debug, Clone)]
+pub struct Outcomes([IntCounter; 8]);
+
+impl Outcomes {
+    /// Counts one request under `outcome`.
+    pub fn count(&self, outcome: Outcome) {
+        self.0[outcome as usize].inc();
+    }
+}
+
 /// Pre-resolved handles for one route.
 #[derive(Debug, Clone)]
 pub struct RouteMetrics {
-    outcomes: [IntCounter; 8],
-    /// `palisade_stale_rejections_total{route,resource}`.
-    pub stale: IntCounter,
+    outcomes: Outcomes,
+    /// `palisade_stale_rejections_total{route,resource}`; `None` on unguarded routes.
+    pub stale: Option<IntCounter>,
     /// `palisade_request_duration_seconds{route}`.
     pub duration: Histogram,
     /// `palisade_inflight_requests{route}`.
@@ -85,7 +96,7 @@ pub struct RouteMetrics {
 impl RouteMetrics {
     /// Counts one request under `outcome`.
     pub fn count(&self, outcome: Outcome) {
-        self.outcomes[outcome as usize].inc();
+        self.outcomes.count(outcome);
     }
 }
 
@@ -125,11 +136,17 @@ impl Metrics {
             &["route", "resource"],
         )?;
         let mark = IntGaugeVec::new(
-            Opts::new("palisade_mark", "Highest fencing token accepted for the resource."),
+            Opts::new(
+                "palisade_mark",
+                "Highest fencing token accepted for the resource.",
+            ),
             &["resource"],
         )?;
         let advances = IntCounterVec::new(
-            Opts::new("palisade_mark_advances_total", "Times the resource's mark advanced."),
+            Opts::new(
+                "palisade_mark_advances_total",
+                "Times the resource's mark advanced.",
+            ),
             &["resource"],
         )?;
         let duration = HistogramVec::new(
@@ -138,7 +155,8 @@ impl Metrics {
                 "Time from request arrival to response headers.",
             )
             .buckets(vec![
-                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
             ]),
             &["route"],
         )?;
@@ -154,11 +172,16 @@ impl Metrics {
                 "palisade_store_operation_duration_seconds",
                 "Mark store operation latency.",
             )
-            .buckets(vec![0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0]),
+            .buckets(vec![
+                0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0,
+            ]),
             &["store", "op"],
         )?;
         let store_errors = IntCounterVec::new(
-            Opts::new("palisade_store_errors_total", "Mark store operations that failed."),
+            Opts::new(
+                "palisade_store_errors_total",
+                "Mark store operations that failed.",
+            ),
             &["store", "op"],
         )?;
         registry.register(Box::new(requests.clone()))?;
@@ -182,11 +205,16 @@ impl Metrics {
         })
     }
 
-    /// Handles for a route guarding `resource` (any name for unguarded routes).
-    pub fn route(&self, route: &str, resource: &str) -> RouteMetrics {
+    /// Request counters labelled `route` (`""` for requests that matched no route).
+    pub fn outcomes(&self, route: &str) -> Outcomes {
+        Outcomes(Outcome::ALL.map(|o| self.requests.with_label_values(&[route, o.as_str()])))
+    }
+
+    /// Handles for a route; `resource` is the one it guards, `None` when unguarded.
+    pub fn route(&self, route: &str, resource: Option<&str>) -> RouteMetrics {
         RouteMetrics {
-            outcomes: Outcome::ALL.map(|o| self.requests.with_label_values(&[route, o.as_str()])),
-            stale: self.stale.with_label_values(&[route, resource]),
+            outcomes: self.outcomes(route),
+            stale: resource.map(|r| self.stale.with_label_values(&[route, r])),
             duration: self.duration.with_label_values(&[route]),
             inflight: self.inflight.with_label_values(&[route]),
         }

@@ -25,7 +25,7 @@ use prometheus::IntGauge;
 
 use crate::admission::{Admission, Refused, Resource};
 use crate::config::{Config, MissingToken, Protocol, RouteSettings, UpstreamSettings};
-use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::metrics::{Metrics, Outcome, Outcomes, RouteMetrics};
 use crate::path;
 use crate::reject::{Context, Rejection};
 use crate::token::{self, FencingToken};
@@ -40,7 +40,7 @@ pub struct Proxy {
     header: HeaderName,
     admission: Arc<Admission>,
     // Requests that never matched a route count under route="".
-    unrouted: RouteMetrics,
+    unrouted: Outcomes,
 }
 
 struct Route {
@@ -57,7 +57,14 @@ struct Upstream {
 impl std::fmt::Debug for Proxy {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Proxy")
-            .field("routes", &self.routes.iter().map(|r| &r.settings.name).collect::<Vec<_>>())
+            .field(
+                "routes",
+                &self
+                    .routes
+                    .iter()
+                    .map(|r| &r.settings.name)
+                    .collect::<Vec<_>>(),
+            )
             .field("header", &self.header)
             .finish_non_exhaustive()
     }
@@ -72,7 +79,10 @@ impl Proxy {
         let upstreams = config
             .upstreams
             .iter()
-            .map(|u| Upstream { settings: u.clone(), client: client_for(u) })
+            .map(|u| Upstream {
+                settings: u.clone(),
+                client: client_for(u),
+            })
             .collect();
         let routes = config
             .routes
@@ -80,9 +90,12 @@ impl Proxy {
             .map(|r| Route {
                 settings: r.clone(),
                 resource: r.guard.then(|| {
-                    admission.resource(&r.resource).cloned().expect("every guarded resource is loaded")
+                    admission
+                        .resource(&r.resource)
+                        .cloned()
+                        .expect("every guarded resource is loaded")
                 }),
-                metrics: metrics.route(&r.name, &r.resource),
+                metrics: metrics.route(&r.name, r.guard.then_some(r.resource.as_str())),
             })
             .collect();
         Self {
@@ -90,7 +103,7 @@ impl Proxy {
             upstreams,
             header: config.fencing.header.clone(),
             admission,
-            unrouted: metrics.route("", ""),
+            unrouted: metrics.outcomes(""),
         }
     }
 
@@ -102,7 +115,13 @@ impl Proxy {
         let normalized = match path::normalize(req.uri().path()) {
             Ok(p) => p,
             Err(e) => {
-                return self.refuse_unrouted(Rejection::BadPath(e), Outcome::Malformed, grpc, peer, &req)
+                return self.refuse_unrouted(
+                    Rejection::BadPath(e),
+                    Outcome::Malformed,
+                    grpc,
+                    peer,
+                    &req,
+                )
             }
         };
         let Some(route) = self.route(&req, &path::match_key(&normalized)) else {
@@ -140,14 +159,23 @@ impl Proxy {
         };
 
         let upstream = &self.upstreams[route.settings.upstream];
-        let req = prepare(req, &route.settings, &self.header, upstream, rewritten, peer);
+        let req = prepare(
+            req,
+            &route.settings,
+            &self.header,
+            upstream,
+            rewritten,
+            peer,
+        );
         let call = upstream.client.request(req);
         let result = match upstream.settings.response_timeout {
             Some(limit) => match tokio::time::timeout(limit, call).await {
                 Ok(r) => r.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
                 Err(_) => Err(Rejection::UpstreamTimeout(limit)),
             },
-            None => call.await.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
+            None => call
+                .await
+                .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
         };
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
@@ -155,7 +183,13 @@ impl Proxy {
                 m.count(outcome);
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
-                Response::from_parts(parts, Either::Left(Tracked { inner: body, _inflight: inflight }))
+                Response::from_parts(
+                    parts,
+                    Either::Left(Tracked {
+                        inner: body,
+                        _inflight: inflight,
+                    }),
+                )
             }
             Err(rejection) => {
                 m.count(Outcome::UpstreamError);
@@ -196,8 +230,17 @@ impl Proxy {
         match self.admission.admit(resource, t).await {
             Ok(_) => Ok((Outcome::Admitted, Some(t.get()))),
             Err(Refused::Stale { mark, .. }) => {
-                route.metrics.stale.inc();
-                Err((Rejection::Stale { token: t.get(), mark }, Outcome::Stale, Some(t.get())))
+                if let Some(c) = &route.metrics.stale {
+                    c.inc();
+                }
+                Err((
+                    Rejection::Stale {
+                        token: t.get(),
+                        mark,
+                    },
+                    Outcome::Stale,
+                    Some(t.get()),
+                ))
             }
             Err(Refused::Unavailable { source, .. }) => {
                 tracing::error!(
@@ -207,7 +250,11 @@ impl Proxy {
                     error = %source,
                     "mark store cannot persist; refusing the advance"
                 );
-                Err((Rejection::StoreUnavailable, Outcome::Unavailable, Some(t.get())))
+                Err((
+                    Rejection::StoreUnavailable,
+                    Outcome::Unavailable,
+                    Some(t.get()),
+                ))
             }
         }
     }
@@ -216,8 +263,12 @@ impl Proxy {
         let host = request_host(req);
         self.routes.iter().find(|r| {
             let s = &r.settings;
-            s.methods.as_ref().is_none_or(|ms| ms.contains(req.method()))
-                && s.host.as_deref().is_none_or(|h| host.is_some_and(|rh| rh.eq_ignore_ascii_case(h)))
+            s.methods
+                .as_ref()
+                .is_none_or(|ms| ms.contains(req.method()))
+                && s.host
+                    .as_deref()
+                    .is_none_or(|h| host.is_some_and(|rh| rh.eq_ignore_ascii_case(h)))
                 && s.path.matches(key)
         })
     }
@@ -232,7 +283,9 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
         self.unrouted.count(outcome);
-        rejection.respond(Context::default(), grpc).map(Either::Right)
+        rejection
+            .respond(Context::default(), grpc)
+            .map(Either::Right)
     }
 }
 
@@ -306,7 +359,12 @@ fn prepare(
         }
     }
     let ip = peer.ip().to_string();
-    let xff = match h.get_all(X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>() {
+    let xff = match h
+        .get_all(X_FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+    {
         prior if prior.is_empty() => HeaderValue::from_str(&ip),
         prior => HeaderValue::from_str(&format!("{}, {ip}", prior.join(", "))),
     };
@@ -328,9 +386,17 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     if let Some(conn) = h.remove(header::CONNECTION) {
         // Also drop every header the Connection header names (and any repeated Connection).
         let mut named: Vec<HeaderName> = Vec::new();
-        for v in std::iter::once(conn).chain(h.get_all(header::CONNECTION).iter().cloned().collect::<Vec<_>>()) {
+        for v in std::iter::once(conn).chain(
+            h.get_all(header::CONNECTION)
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>(),
+        ) {
             if let Ok(s) = v.to_str() {
-                named.extend(s.split(',').filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()));
+                named.extend(
+                    s.split(',')
+                        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
+                );
             }
         }
         h.remove(header::CONNECTION);
@@ -340,13 +406,24 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
             }
         }
     }
-    for n in [KEEP_ALIVE, PROXY_CONNECTION, header::TRANSFER_ENCODING, header::UPGRADE, header::PROXY_AUTHORIZATION, header::PROXY_AUTHENTICATE] {
+    for n in [
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+    ] {
         h.remove(n);
     }
     if let Some(te) = h.get(header::TE) {
-        let trailers = te
-            .to_str()
-            .is_ok_and(|s| s.split(',').any(|p| p.split(';').next().is_some_and(|p| p.trim().eq_ignore_ascii_case("trailers"))));
+        let trailers = te.to_str().is_ok_and(|s| {
+            s.split(',').any(|p| {
+                p.split(';')
+                    .next()
+                    .is_some_and(|p| p.trim().eq_ignore_ascii_case("trailers"))
+            })
+        });
         if trailers {
             h.insert(header::TE, HeaderValue::from_static("trailers"));
         } else {
@@ -399,7 +476,10 @@ impl Body for Tracked {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         Pin::new(&mut self.get_mut().inner).poll_frame(cx)
     }
 
@@ -419,10 +499,16 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_go_and_te_trailers_stays() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("close, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("close, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
-        h.insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
         h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
         h.insert("x-fencing-token", HeaderValue::from_static("7"));
         strip_hop_by_hop(&mut h);

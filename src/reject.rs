@@ -35,7 +35,9 @@ pub enum Rejection {
         mark: u64,
     },
     /// The mark store could not make an advance durable.
-    #[error("the mark store cannot persist the new mark; refusing rather than risking a lost mark")]
+    #[error(
+        "the mark store cannot persist the new mark; refusing rather than risking a lost mark"
+    )]
     StoreUnavailable,
     /// No route matches.
     #[error("no route matches this request")]
@@ -73,14 +75,30 @@ impl Rejection {
     /// The table: HTTP status, gRPC status and the machine-readable `error` string.
     pub fn classify(&self) -> (StatusCode, u8, &'static str) {
         match self {
-            Rejection::MissingToken => (StatusCode::PRECONDITION_REQUIRED, INVALID_ARGUMENT, "missing_token"),
-            Rejection::MalformedToken(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_token"),
+            Rejection::MissingToken => (
+                StatusCode::PRECONDITION_REQUIRED,
+                INVALID_ARGUMENT,
+                "missing_token",
+            ),
+            Rejection::MalformedToken(_) => {
+                (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_token")
+            }
             Rejection::BadPath(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_path"),
             Rejection::Stale { .. } => (StatusCode::CONFLICT, ABORTED, "stale_token"),
-            Rejection::StoreUnavailable => (StatusCode::SERVICE_UNAVAILABLE, UNAVAILABLE, "store_unavailable"),
+            Rejection::StoreUnavailable => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                UNAVAILABLE,
+                "store_unavailable",
+            ),
             Rejection::NoRoute => (StatusCode::NOT_FOUND, UNIMPLEMENTED, "no_route"),
-            Rejection::UpstreamFailed(_) => (StatusCode::BAD_GATEWAY, UNAVAILABLE, "upstream_unavailable"),
-            Rejection::UpstreamTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, DEADLINE_EXCEEDED, "upstream_timeout"),
+            Rejection::UpstreamFailed(_) => {
+                (StatusCode::BAD_GATEWAY, UNAVAILABLE, "upstream_unavailable")
+            }
+            Rejection::UpstreamTimeout(_) => (
+                StatusCode::GATEWAY_TIMEOUT,
+                DEADLINE_EXCEEDED,
+                "upstream_timeout",
+            ),
         }
     }
 
@@ -97,7 +115,10 @@ impl Rejection {
             // Trailers-only: HTTP 200, status in the headers, no body, END_STREAM on HEADERS.
             let mut r = Response::new(Full::new(Bytes::new()));
             let h = r.headers_mut();
-            h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
             h.insert("grpc-status", HeaderValue::from(u16::from(grpc_status)));
             let encoded = utf8_percent_encode(&message, GRPC_MESSAGE).to_string();
             if let Ok(v) = HeaderValue::from_str(&encoded) {
@@ -115,7 +136,10 @@ impl Rejection {
             });
             let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
             *r.status_mut() = status;
-            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
             r
         };
         if let Some(m) = mark {
@@ -131,15 +155,27 @@ mod tests {
 
     #[test]
     fn stale_http_has_json_and_mark_header() {
-        let ctx = Context { route: Some("w"), resource: Some("orders"), token: Some(34) };
-        let r = Rejection::Stale { token: 34, mark: 51 }.respond(ctx, false);
+        let ctx = Context {
+            route: Some("w"),
+            resource: Some("orders"),
+            token: Some(34),
+        };
+        let r = Rejection::Stale {
+            token: 34,
+            mark: 51,
+        }
+        .respond(ctx, false);
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(r.headers()[MARK_HEADER], "51");
     }
 
     #[test]
     fn grpc_form_is_trailers_only() {
-        let r = Rejection::Stale { token: 34, mark: 51 }.respond(Context::default(), true);
+        let r = Rejection::Stale {
+            token: 34,
+            mark: 51,
+        }
+        .respond(Context::default(), true);
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()["grpc-status"], "10");
         assert_eq!(r.headers()["content-type"], "application/grpc");

@@ -23,15 +23,22 @@ use tokio::net::TcpListener;
 /// request with the peer's address.
 ///
 /// Returns once every connection has finished or `grace` has passed.
-pub async fn serve<H, F, B>(listener: TcpListener, handle: H, shutdown: impl Future<Output = ()>, grace: Duration)
-where
+pub async fn serve<H, F, B>(
+    listener: TcpListener,
+    handle: H,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) where
     H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30));
     builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
@@ -55,7 +62,9 @@ where
             let fut = handle(req, peer);
             async move { Ok::<_, Infallible>(fut.await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             if let Err(e) = conn.await {

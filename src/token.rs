@@ -52,7 +52,11 @@ impl FencingToken {
             return Err(TokenError::NotADigit(b));
         }
         if input[0] == b'0' {
-            return Err(if input.len() == 1 { TokenError::Zero } else { TokenError::LeadingZero });
+            return Err(if input.len() == 1 {
+                TokenError::Zero
+            } else {
+                TokenError::LeadingZero
+            });
         }
         let mut value: u64 = 0;
         for &b in input {
@@ -153,7 +157,10 @@ mod tests {
     fn canonical_tokens_parse() {
         assert_eq!(FencingToken::parse(b"1").unwrap().get(), 1);
         assert_eq!(FencingToken::parse(b"51").unwrap().get(), 51);
-        assert_eq!(FencingToken::parse(b"18446744073709551615").unwrap().get(), u64::MAX);
+        assert_eq!(
+            FencingToken::parse(b"18446744073709551615").unwrap().get(),
+            u64::MAX
+        );
     }
 
     #[test]

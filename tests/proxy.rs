@@ -106,8 +106,16 @@ async fn env() -> Env {
 async fn stale_token_is_rejected_with_409_and_never_reaches_upstream() {
     let e = env().await;
     let url = e.proxy.url("/orders/1");
-    assert_eq!(post(&url, Some("34")).await.status, StatusCode::OK, "owner A");
-    assert_eq!(post(&url, Some("51")).await.status, StatusCode::OK, "owner B");
+    assert_eq!(
+        post(&url, Some("34")).await.status,
+        StatusCode::OK,
+        "owner A"
+    );
+    assert_eq!(
+        post(&url, Some("51")).await.status,
+        StatusCode::OK,
+        "owner B"
+    );
     let zombie = post(&url, Some("34")).await;
     assert_eq!(zombie.status, StatusCode::CONFLICT);
     assert_eq!(zombie.headers["x-fencing-mark"], "51");
@@ -119,11 +127,23 @@ async fn stale_token_is_rejected_with_409_and_never_reaches_upstream() {
     assert_eq!(body["token"], 34);
     assert_eq!(body["mark"], 51);
     assert!(body["message"].as_str().unwrap().contains("below"));
-    assert_eq!(e.up.log.tokens(), [Some("34".into()), Some("51".into())], "the zombie never arrived");
+    assert_eq!(
+        e.up.log.tokens(),
+        [Some("34".into()), Some("51".into())],
+        "the zombie never arrived"
+    );
 
-    assert_eq!(post(&url, Some("51")).await.status, StatusCode::OK, "equal token admitted");
+    assert_eq!(
+        post(&url, Some("51")).await.status,
+        StatusCode::OK,
+        "equal token admitted"
+    );
     assert_eq!(e.proxy.marks().await["orders"], 51);
-    assert_eq!(post(&url, Some("52")).await.status, StatusCode::OK, "higher token advances");
+    assert_eq!(
+        post(&url, Some("52")).await.status,
+        StatusCode::OK,
+        "higher token advances"
+    );
     assert_eq!(e.proxy.marks().await["orders"], 52);
     assert_eq!(post(&url, Some("51")).await.status, StatusCode::CONFLICT);
     assert_eq!(e.up.log.len(), 4);
@@ -135,31 +155,90 @@ async fn malformed_tokens_get_400_and_missing_gets_428() {
     let url = e.proxy.url("/orders/1");
     let client = http1_client();
     let malformed: &[&[u8]] = &[
-        b"", b"0", b"00", b"034", b"+34", b"-34", b"3 4", b"34,35", b"0x22", b"\xc3\xa9", b"34\xff",
-        b"18446744073709551616", b"123456789012345678901", b"1e3", b"34.0",
+        b"",
+        b"0",
+        b"00",
+        b"034",
+        b"+34",
+        b"-34",
+        b"3 4",
+        b"34,35",
+        b"0x22",
+        b"\xc3\xa9",
+        b"34\xff",
+        b"18446744073709551616",
+        b"123456789012345678901",
+        b"1e3",
+        b"34.0",
     ];
     for bad in malformed {
-        let r = send(&client, Method::POST, &url, &[("x-fencing-token", bad)], b"").await;
-        assert_eq!(r.status, StatusCode::BAD_REQUEST, "token {:?}", String::from_utf8_lossy(bad));
+        let r = send(
+            &client,
+            Method::POST,
+            &url,
+            &[("x-fencing-token", bad)],
+            b"",
+        )
+        .await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_REQUEST,
+            "token {:?}",
+            String::from_utf8_lossy(bad)
+        );
         assert_eq!(r.json()["error"], "malformed_token");
     }
-    let twice = send(&client, Method::POST, &url, &[("x-fencing-token", b"7"), ("x-fencing-token", b"7")], b"").await;
+    let twice = send(
+        &client,
+        Method::POST,
+        &url,
+        &[("x-fencing-token", b"7"), ("x-fencing-token", b"7")],
+        b"",
+    )
+    .await;
     assert_eq!(twice.status, StatusCode::BAD_REQUEST, "repeated header");
-    assert!(twice.json()["message"].as_str().unwrap().contains("more than once"));
+    assert!(twice.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("more than once"));
 
     let missing = post(&url, None).await;
     assert_eq!(missing.status, StatusCode::PRECONDITION_REQUIRED);
     assert_eq!(missing.json()["error"], "missing_token");
-    assert_eq!(e.up.log.len(), 0, "nothing malformed or missing reached the upstream");
+    assert_eq!(
+        e.up.log.len(),
+        0,
+        "nothing malformed or missing reached the upstream"
+    );
 
     let lenient = post(&e.proxy.url("/lenient/x"), None).await;
-    assert_eq!(lenient.status, StatusCode::OK, "missing_token = allow forwards");
+    assert_eq!(
+        lenient.status,
+        StatusCode::OK,
+        "missing_token = allow forwards"
+    );
     assert_eq!(e.up.log.paths(), ["/lenient/x"]);
     let m = e.proxy.metrics().await;
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="missing",route="lenient"}"#), Some(1.0), "{m}");
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="missing",route="orders-write"}"#), Some(1.0));
     assert_eq!(
-        metric(&m, r#"palisade_requests_total{outcome="malformed",route="orders-write"}"#),
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="missing",route="lenient"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="missing",route="orders-write"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="malformed",route="orders-write"}"#
+        ),
         Some(malformed.len() as f64 + 1.0)
     );
 }
@@ -172,43 +251,129 @@ async fn zombie_story_shows_in_metrics() {
     post(&url, Some("51")).await;
     post(&url, Some("34")).await;
     let m = e.proxy.metrics().await;
-    assert_eq!(metric(&m, r#"palisade_stale_rejections_total{resource="orders",route="orders-write"}"#), Some(1.0), "{m}");
-    assert_eq!(metric(&m, r#"palisade_mark{resource="orders"}"#), Some(51.0));
-    assert_eq!(metric(&m, r#"palisade_mark_advances_total{resource="orders"}"#), Some(2.0));
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="admitted",route="orders-write"}"#), Some(2.0));
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="stale",route="orders-write"}"#), Some(1.0));
-    assert_eq!(metric(&m, r#"palisade_inflight_requests{route="orders-write"}"#), Some(0.0));
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_stale_rejections_total{resource="orders",route="orders-write"}"#
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, r#"palisade_mark{resource="orders"}"#),
+        Some(51.0)
+    );
+    assert_eq!(
+        metric(&m, r#"palisade_mark_advances_total{resource="orders"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="admitted",route="orders-write"}"#
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="stale",route="orders-write"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, r#"palisade_inflight_requests{route="orders-write"}"#),
+        Some(0.0)
+    );
     assert!(m.contains("palisade_request_duration_seconds_bucket{route=\"orders-write\""));
-    assert!(m.contains("palisade_store_operation_duration_seconds_count{op=\"persist\",store=\"file\"} 2"));
-    assert_eq!(get(&format!("http://{}/livez", e.proxy.admin)).await.status, StatusCode::OK);
-    assert_eq!(get(&format!("http://{}/readyz", e.proxy.admin)).await.status, StatusCode::OK);
+    assert!(m.contains(
+        "palisade_store_operation_duration_seconds_count{op=\"persist\",store=\"file\"} 2"
+    ));
+    assert_eq!(
+        get(&format!("http://{}/livez", e.proxy.admin)).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&format!("http://{}/readyz", e.proxy.admin))
+            .await
+            .status,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
 async fn cross_protocol_h2c_to_http1_and_http1_to_h2c() {
     let e = env().await;
-    let r = send(&h2c_client(), Method::POST, &e.proxy.url("/orders/9"), &[("x-fencing-token", b"3")], b"hello").await;
+    let r = send(
+        &h2c_client(),
+        Method::POST,
+        &e.proxy.url("/orders/9"),
+        &[("x-fencing-token", b"3")],
+        b"hello",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.text(), "ok POST /orders/9");
-    let r = send(&http1_client(), Method::PUT, &e.proxy.url("/h2/thing"), &[("x-fencing-token", b"3")], b"hello").await;
+    let r = send(
+        &http1_client(),
+        Method::PUT,
+        &e.proxy.url("/h2/thing"),
+        &[("x-fencing-token", b"3")],
+        b"hello",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.text(), "ok PUT /h2/thing");
     let seen = e.up.log.all();
-    assert_eq!(seen[0].version, http::Version::HTTP_11, "h2c client -> http1 upstream");
-    assert_eq!(seen[1].version, http::Version::HTTP_2, "http1 client -> h2c upstream");
-    assert_eq!(seen[0].token.as_deref(), Some("3"), "the token is forwarded unchanged");
+    assert_eq!(
+        seen[0].version,
+        http::Version::HTTP_11,
+        "h2c client -> http1 upstream"
+    );
+    assert_eq!(
+        seen[1].version,
+        http::Version::HTTP_2,
+        "http1 client -> h2c upstream"
+    );
+    assert_eq!(
+        seen[0].token.as_deref(),
+        Some("3"),
+        "the token is forwarded unchanged"
+    );
 }
 
 #[tokio::test]
 async fn trailers_pass_both_ways_between_protocols() {
     let e = env().await;
     let te: &[(&str, &[u8])] = &[("te", b"trailers")];
-    let via_h1 = send(&h2c_client(), Method::GET, &e.proxy.url("/trailers"), te, b"").await;
+    let via_h1 = send(
+        &h2c_client(),
+        Method::GET,
+        &e.proxy.url("/trailers"),
+        te,
+        b"",
+    )
+    .await;
     assert_eq!(via_h1.text(), "body");
-    assert_eq!(via_h1.trailers.as_ref().map(|t| t["x-checksum"].clone()), Some("42".parse().unwrap()), "h2c client, http1 upstream");
-    let via_h2 = send(&http1_client(), Method::GET, &e.proxy.url("/h2t/trailers"), te, b"").await;
+    assert_eq!(
+        via_h1.trailers.as_ref().map(|t| t["x-checksum"].clone()),
+        Some("42".parse().unwrap()),
+        "h2c client, http1 upstream"
+    );
+    let via_h2 = send(
+        &http1_client(),
+        Method::GET,
+        &e.proxy.url("/h2t/trailers"),
+        te,
+        b"",
+    )
+    .await;
     assert_eq!(via_h2.text(), "body");
-    assert_eq!(via_h2.trailers.as_ref().map(|t| t["x-checksum"].clone()), Some("42".parse().unwrap()), "http1 client, h2c upstream");
+    assert_eq!(
+        via_h2.trailers.as_ref().map(|t| t["x-checksum"].clone()),
+        Some("42".parse().unwrap()),
+        "http1 client, h2c upstream"
+    );
     let seen = e.up.log.all();
     assert_eq!(seen[1].version, http::Version::HTTP_2);
     assert_eq!(seen[1].headers["te"], "trailers");
@@ -225,7 +390,14 @@ async fn forwarded_headers_added_and_hop_by_hop_removed() {
         ("x-forwarded-for", b"10.0.0.1"),
         ("host", b"api.example.com"),
     ];
-    let r = send(&http1_client(), Method::GET, &e.proxy.url("/anything"), headers, b"").await;
+    let r = send(
+        &http1_client(),
+        Method::GET,
+        &e.proxy.url("/anything"),
+        headers,
+        b"",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     let seen = &e.up.log.all()[0];
     assert_eq!(seen.headers["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
@@ -234,7 +406,10 @@ async fn forwarded_headers_added_and_hop_by_hop_removed() {
     for gone in ["x-private", "keep-alive", "proxy-authorization"] {
         assert!(!seen.headers.contains_key(gone), "{gone} was forwarded");
     }
-    assert!(seen.headers.get("connection").is_none_or(|v| v != "keep-alive, x-private"));
+    assert!(seen
+        .headers
+        .get("connection")
+        .is_none_or(|v| v != "keep-alive, x-private"));
 }
 
 #[tokio::test]
@@ -242,12 +417,22 @@ async fn no_route_is_404_and_upstream_failures_are_502_and_504() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
     let text = support::render(
-        &CONFIG.replace("[[route]]\nname = \"everything-else\"", "[[route]]\nname = \"everything-else\"\nmethods = [\"GET\"]"),
+        &CONFIG.replace(
+            "[[route]]\nname = \"everything-else\"",
+            "[[route]]\nname = \"everything-else\"\nmethods = [\"GET\"]",
+        ),
         up.addr,
         &dir.path().join("m.json"),
     );
     let proxy = support::proxy(&text, dir.path()).await;
-    let r = send(&http1_client(), Method::DELETE, &proxy.url("/nothing-here"), &[], b"").await;
+    let r = send(
+        &http1_client(),
+        Method::DELETE,
+        &proxy.url("/nothing-here"),
+        &[],
+        b"",
+    )
+    .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(r.json()["error"], "no_route");
 
@@ -258,8 +443,20 @@ async fn no_route_is_404_and_upstream_failures_are_502_and_504() {
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT);
     assert_eq!(r.json()["error"], "upstream_timeout");
     let m = proxy.metrics().await;
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="upstream_error",route="dead"}"#), Some(1.0));
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="no_route",route=""}"#), Some(1.0));
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="upstream_error",route="dead"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="no_route",route=""}"#
+        ),
+        Some(1.0)
+    );
 }
 
 #[tokio::test]
@@ -274,18 +471,43 @@ async fn store_that_cannot_write_answers_503_and_keeps_the_mark() {
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.json()["error"], "store_unavailable");
     assert_eq!(e.proxy.marks().await["orders"], 10, "mark unchanged");
-    assert_eq!(post(&url, Some("10")).await.status, StatusCode::OK, "equal tokens still admitted");
+    assert_eq!(
+        post(&url, Some("10")).await.status,
+        StatusCode::OK,
+        "equal tokens still admitted"
+    );
     assert_eq!(post(&url, Some("9")).await.status, StatusCode::CONFLICT);
     let ready = get(&format!("http://{}/readyz", e.proxy.admin)).await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(e.up.log.tokens(), [Some("10".into()), Some("10".into())], "11 never reached the upstream");
+    assert_eq!(
+        e.up.log.tokens(),
+        [Some("10".into()), Some("10".into())],
+        "11 never reached the upstream"
+    );
     let m = e.proxy.metrics().await;
-    assert_eq!(metric(&m, r#"palisade_store_errors_total{op="persist",store="file"}"#), Some(1.0));
-    assert_eq!(metric(&m, r#"palisade_requests_total{outcome="unavailable",route="orders-write"}"#), Some(1.0));
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_store_errors_total{op="persist",store="file"}"#
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="unavailable",route="orders-write"}"#
+        ),
+        Some(1.0)
+    );
 
     std::fs::create_dir_all(&marks_dir).unwrap();
-    assert_eq!(post(&url, Some("11")).await.status, StatusCode::OK, "recovers once the store can write");
-    let on_disk: serde_json::Value = serde_json::from_slice(&std::fs::read(marks_dir.join("marks.json")).unwrap()).unwrap();
+    assert_eq!(
+        post(&url, Some("11")).await.status,
+        StatusCode::OK,
+        "recovers once the store can write"
+    );
+    let on_disk: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(marks_dir.join("marks.json")).unwrap()).unwrap();
     assert_eq!(on_disk["marks"]["orders"], 11);
 }
 
@@ -304,16 +526,26 @@ async fn graceful_shutdown_lets_in_flight_requests_finish() {
     let r = in_flight.await.unwrap();
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.text(), "slow done");
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "listener closed after shutdown");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "listener closed after shutdown"
+    );
 }
 
 /// Sends a raw HTTP/1.1 request line so no client library can normalize the path first.
-async fn raw_status(addr: std::net::SocketAddr, method: &str, target: &[u8], token: Option<&str>) -> u16 {
+async fn raw_status(
+    addr: std::net::SocketAddr,
+    method: &str,
+    target: &[u8],
+    token: Option<&str>,
+) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut req = format!("{method} ").into_bytes();
     req.extend_from_slice(target);
-    req.extend_from_slice(b" HTTP/1.1\r\nhost: example\r\nconnection: close\r\ncontent-length: 0\r\n");
+    req.extend_from_slice(
+        b" HTTP/1.1\r\nhost: example\r\nconnection: close\r\ncontent-length: 0\r\n",
+    );
     if let Some(t) = token {
         req.extend_from_slice(format!("x-fencing-token: {t}\r\n").as_bytes());
     }
@@ -322,14 +554,20 @@ async fn raw_status(addr: std::net::SocketAddr, method: &str, target: &[u8], tok
     let mut resp = Vec::new();
     s.read_to_end(&mut resp).await.unwrap();
     let line = String::from_utf8_lossy(&resp);
-    line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or_else(|| panic!("no status in {line:?}"))
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {line:?}"))
 }
 
 #[tokio::test]
 async fn alternative_spellings_of_a_guarded_path_never_bypass_the_guard() {
     let e = env().await;
     // Advance the mark so that a stale token is a real zombie.
-    assert_eq!(post(&e.proxy.url("/orders/1"), Some("51")).await.status, StatusCode::OK);
+    assert_eq!(
+        post(&e.proxy.url("/orders/1"), Some("51")).await.status,
+        StatusCode::OK
+    );
     let spellings: &[&[u8]] = &[
         b"//orders/1",
         b"///orders/1",
@@ -379,18 +617,37 @@ async fn alternative_spellings_of_a_guarded_path_never_bypass_the_guard() {
             );
         }
     }
-    assert_eq!(e.up.log.paths(), ["/orders/1"], "only the first, admitted request reached the upstream");
-    assert_eq!(raw_status(e.proxy.addr, "POST", b"/orders;jsessionid=1/1", Some("51")).await, 200);
-    assert_eq!(e.up.log.paths()[1], "/orders;jsessionid=1/1", "accepted spellings are forwarded as they came");
+    assert_eq!(
+        e.up.log.paths(),
+        ["/orders/1"],
+        "only the first, admitted request reached the upstream"
+    );
+    assert_eq!(
+        raw_status(e.proxy.addr, "POST", b"/orders;jsessionid=1/1", Some("51")).await,
+        200
+    );
+    assert_eq!(
+        e.up.log.paths()[1],
+        "/orders;jsessionid=1/1",
+        "accepted spellings are forwarded as they came"
+    );
 }
 
 #[tokio::test]
 async fn exact_route_guards_trailing_slash_and_segment_parameters() {
     let e = env().await;
     for p in ["/exact", "/exact/", "/exact;v=1"] {
-        assert_eq!(post(&e.proxy.url(p), None).await.status, StatusCode::PRECONDITION_REQUIRED, "{p}");
+        assert_eq!(
+            post(&e.proxy.url(p), None).await.status,
+            StatusCode::PRECONDITION_REQUIRED,
+            "{p}"
+        );
     }
-    assert_eq!(post(&e.proxy.url("/exactly"), None).await.status, StatusCode::OK, "a different path");
+    assert_eq!(
+        post(&e.proxy.url("/exactly"), None).await.status,
+        StatusCode::OK,
+        "a different path"
+    );
 }
 
 mod grpc {
@@ -416,10 +673,19 @@ path_prefix = "/test.Echo/"
 resource = "echo"
 "#;
 
-    async fn setup() -> (support::grpc::GrpcUpstream, support::Proxy, EchoClient, tempfile::TempDir) {
+    async fn setup() -> (
+        support::grpc::GrpcUpstream,
+        support::Proxy,
+        EchoClient,
+        tempfile::TempDir,
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let up = upstream().await;
-        let proxy = support::proxy(&support::render(GRPC_CONFIG, up.addr, dir.path()), dir.path()).await;
+        let proxy = support::proxy(
+            &support::render(GRPC_CONFIG, up.addr, dir.path()),
+            dir.path(),
+        )
+        .await;
         let client = EchoClient::connect(proxy.addr).await;
         (up, proxy, client, dir)
     }
@@ -432,7 +698,11 @@ resource = "echo"
         c.say("newer", Some("8")).await.unwrap();
         let stale = c.say("zombie", Some("5")).await.unwrap_err();
         assert_eq!(stale.code(), Code::Aborted, "{stale:?}");
-        assert!(stale.message().contains("below the resource's mark 8"), "{}", stale.message());
+        assert!(
+            stale.message().contains("below the resource's mark 8"),
+            "{}",
+            stale.message()
+        );
         let missing = c.say("anon", None).await.unwrap_err();
         assert_eq!(missing.code(), Code::InvalidArgument);
         let malformed = c.say("bad", Some("05")).await.unwrap_err();
@@ -449,13 +719,18 @@ resource = "echo"
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .header("x-fencing-token", "5")
-            .body(http_body_util::Full::new(bytes::Bytes::from_static(b"\0\0\0\0\0")))
+            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                b"\0\0\0\0\0",
+            )))
             .unwrap();
         let resp = client.request(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(resp.headers()["grpc-status"], "10");
         assert_eq!(resp.headers()["x-fencing-mark"], "8");
-        assert!(resp.body().is_end_stream(), "END_STREAM on the HEADERS frame");
+        assert!(
+            resp.body().is_end_stream(),
+            "END_STREAM on the HEADERS frame"
+        );
         let got = support::read(resp).await;
         assert!(got.body.is_empty() && got.trailers.is_none());
     }

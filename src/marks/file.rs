@@ -64,12 +64,19 @@ impl FileStore {
             }
             Err(e) => return Err(io_err(&path, "read")(e)),
         };
-        let inner = Inner { path, tmp: tmp.into(), dir, marks: Mutex::new(marks) };
+        let inner = Inner {
+            path,
+            tmp: tmp.into(),
+            dir,
+            marks: Mutex::new(marks),
+        };
         {
             let marks = inner.marks.lock().unwrap_or_else(|e| e.into_inner());
             inner.write(&marks)?;
         }
-        Ok(Self { inner: Arc::new(inner) })
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The marks file's path.
@@ -96,12 +103,19 @@ fn parse(path: &Path, bytes: &[u8]) -> Result<Marks, StoreError> {
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io { path: path.to_path_buf(), op, source }
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
 }
 
 impl Inner {
     fn write(&self, marks: &Marks) -> Result<(), StoreError> {
-        let doc = OnDisk { format: FORMAT.to_owned(), marks: marks.clone() };
+        let doc = OnDisk {
+            format: FORMAT.to_owned(),
+            marks: marks.clone(),
+        };
         let mut bytes = serde_json::to_vec_pretty(&doc).expect("a map of integers serializes");
         bytes.push(b'\n');
         let mut f = OpenOptions::new()
@@ -139,11 +153,20 @@ impl MarkStore for FileStore {
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>> {
-        let marks = self.inner.marks.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let marks = self
+            .inner
+            .marks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         Box::pin(async move { Ok(marks) })
     }
 
-    fn persist<'a>(&'a self, resource: &'a str, mark: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn persist<'a>(
+        &'a self,
+        resource: &'a str,
+        mark: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         let inner = Arc::clone(&self.inner);
         let resource = resource.to_owned();
         // spawn_blocking runs to completion even if the caller goes away, so a write is never
@@ -162,7 +185,11 @@ impl MarkStore for FileStore {
                     op: "stat directory",
                     source: io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
                 }),
-                Err(source) => Err(StoreError::Io { path: dir, op: "stat directory", source }),
+                Err(source) => Err(StoreError::Io {
+                    path: dir,
+                    op: "stat directory",
+                    source,
+                }),
             }
         })
     }
@@ -190,17 +217,34 @@ mod tests {
     fn truncated_or_corrupt_files_refuse_to_open() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("marks.json");
-        FileStore::open(&path).unwrap().inner.persist("orders", 51).unwrap();
+        FileStore::open(&path)
+            .unwrap()
+            .inner
+            .persist("orders", 51)
+            .unwrap();
         let full = fs::read(&path).unwrap();
         for cut in [0, 1, full.len() / 2, full.len() - 3] {
             fs::write(&path, &full[..cut]).unwrap();
             let err = FileStore::open(&path).unwrap_err();
-            assert!(matches!(err, StoreError::Corrupt { .. }), "cut at {cut}: {err}");
+            assert!(
+                matches!(err, StoreError::Corrupt { .. }),
+                "cut at {cut}: {err}"
+            );
         }
-        fs::write(&path, br#"{"format":"palisade-marks/1","marks":{"orders":-1}}"#).unwrap();
-        assert!(matches!(FileStore::open(&path), Err(StoreError::Corrupt { .. })));
+        fs::write(
+            &path,
+            br#"{"format":"palisade-marks/1","marks":{"orders":-1}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            FileStore::open(&path),
+            Err(StoreError::Corrupt { .. })
+        ));
         fs::write(&path, br#"{"format":"other","marks":{}}"#).unwrap();
-        assert!(matches!(FileStore::open(&path), Err(StoreError::Corrupt { .. })));
+        assert!(matches!(
+            FileStore::open(&path),
+            Err(StoreError::Corrupt { .. })
+        ));
     }
 
     #[test]

@@ -41,7 +41,11 @@ impl MarkStore for MemoryStore {
         Box::pin(async move { Ok(marks) })
     }
 
-    fn persist<'a>(&'a self, resource: &'a str, mark: u64) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn persist<'a>(
+        &'a self,
+        resource: &'a str,
+        mark: u64,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
         let slot = marks.entry(resource.to_owned()).or_default();
         *slot = (*slot).max(mark);

@@ -35,7 +35,8 @@ pub trait MarkStore: Send + Sync + 'static {
     fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>>;
 
     /// Makes `mark` durable for `resource`; resolves only once it is.
-    fn persist<'a>(&'a self, resource: &'a str, mark: u64) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn persist<'a>(&'a self, resource: &'a str, mark: u64)
+        -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Whether the store can currently take writes (for `/readyz`).
     fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>>;

@@ -32,7 +32,11 @@ fn record(log: &Log, path: &str, req: &Request<Msg>) {
         method: http::Method::POST,
         path: path.to_owned(),
         version: http::Version::HTTP_2,
-        token: req.metadata().get("x-fencing-token").and_then(|v| v.to_str().ok()).map(str::to_owned),
+        token: req
+            .metadata()
+            .get("x-fencing-token")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
         headers: req.metadata().clone().into_headers(),
     });
 }
@@ -46,7 +50,12 @@ impl UnaryService<Msg> for Say {
     fn call(&mut self, req: Request<Msg>) -> Self::Future {
         record(&self.0, SAY, &req);
         let m = req.into_inner();
-        Box::pin(async move { Ok(Response::new(Msg { text: format!("echo {}", m.text), n: m.n })) })
+        Box::pin(async move {
+            Ok(Response::new(Msg {
+                text: format!("echo {}", m.text),
+                n: m.n,
+            }))
+        })
     }
 }
 
@@ -62,11 +71,17 @@ impl ServerStreamingService<Msg> for Count {
     fn call(&mut self, req: Request<Msg>) -> Self::Future {
         record(&self.0, COUNT, &req);
         let n = req.into_inner().n;
-        let items = (1..=n).map(|i| Ok(Msg { text: format!("item {i}"), n: i }));
+        let items = (1..=n).map(|i| {
+            Ok(Msg {
+                text: format!("item {i}"),
+                n: i,
+            })
+        });
         let stream: MsgStream = Box::pin(tokio_stream::iter(items.collect::<Vec<_>>()));
         Box::pin(async move {
             let mut resp = Response::new(stream);
-            resp.metadata_mut().insert("x-server", "echo".parse().unwrap());
+            resp.metadata_mut()
+                .insert("x-server", "echo".parse().unwrap());
             Ok(resp)
         })
     }
@@ -104,7 +119,11 @@ pub async fn upstream() -> GrpcUpstream {
         },
         Duration::from_secs(1),
     ));
-    GrpcUpstream { addr, log, _stop: stop }
+    GrpcUpstream {
+        addr,
+        log,
+        _stop: stop,
+    }
 }
 
 /// A tonic client for `test.Echo` at `addr` (plain h2c).
@@ -112,27 +131,49 @@ pub struct EchoClient(tonic::client::Grpc<tonic::transport::Channel>);
 
 impl EchoClient {
     pub async fn connect(addr: std::net::SocketAddr) -> Self {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
         Self(tonic::client::Grpc::new(channel))
     }
 
     fn request(text: &str, n: u32, token: Option<&str>) -> Request<Msg> {
-        let mut req = Request::new(Msg { text: text.to_owned(), n });
+        let mut req = Request::new(Msg {
+            text: text.to_owned(),
+            n,
+        });
         if let Some(t) = token {
-            req.metadata_mut().insert("x-fencing-token", t.parse().unwrap());
+            req.metadata_mut()
+                .insert("x-fencing-token", t.parse().unwrap());
         }
         req
     }
 
     pub async fn say(&mut self, text: &str, token: Option<&str>) -> Result<Response<Msg>, Status> {
         self.0.ready().await.unwrap();
-        self.0.unary(Self::request(text, 0, token), PathAndQuery::from_static(SAY), ProstCodec::default()).await
+        self.0
+            .unary(
+                Self::request(text, 0, token),
+                PathAndQuery::from_static(SAY),
+                ProstCodec::default(),
+            )
+            .await
     }
 
-    pub async fn count(&mut self, n: u32, token: Option<&str>) -> Result<Response<tonic::Streaming<Msg>>, Status> {
+    pub async fn count(
+        &mut self,
+        n: u32,
+        token: Option<&str>,
+    ) -> Result<Response<tonic::Streaming<Msg>>, Status> {
         self.0.ready().await.unwrap();
         self.0
-            .server_streaming(Self::request("", n, token), PathAndQuery::from_static(COUNT), ProstCodec::default())
+            .server_streaming(
+                Self::request("", n, token),
+                PathAndQuery::from_static(COUNT),
+                ProstCodec::default(),
+            )
             .await
     }
 }

@@ -89,11 +89,18 @@ pub async fn upstream() -> Upstream {
         },
         Duration::from_secs(1),
     ));
-    Upstream { addr, log, _stop: stop }
+    Upstream {
+        addr,
+        log,
+        _stop: stop,
+    }
 }
 
 async fn upstream_handle(req: Request<Incoming>, log: Log) -> Response<UpBody> {
-    let token = req.headers().get("x-fencing-token").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let token = req
+        .headers()
+        .get("x-fencing-token")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     log.push(Seen {
         method: req.method().clone(),
         path: req.uri().path().to_owned(),
@@ -122,10 +129,14 @@ async fn upstream_handle(req: Request<Incoming>, log: Log) -> Response<UpBody> {
         p if p.ends_with("/trailers") => {
             let mut trailers = HeaderMap::new();
             trailers.insert("x-checksum", HeaderValue::from_static("42"));
-            let frames = vec![Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body"))), Ok(Frame::trailers(trailers))];
+            let frames = vec![
+                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body"))),
+                Ok(Frame::trailers(trailers)),
+            ];
             let mut r = Response::new(BodyExt::boxed(StreamBody::new(tokio_stream::iter(frames))));
             // HTTP/1.1 sends only trailers the response declares.
-            r.headers_mut().insert("trailer", HeaderValue::from_static("x-checksum"));
+            r.headers_mut()
+                .insert("trailer", HeaderValue::from_static("x-checksum"));
             r
         }
         p if p.ends_with("/slow") => {
@@ -136,7 +147,10 @@ async fn upstream_handle(req: Request<Incoming>, log: Log) -> Response<UpBody> {
     }
 }
 
-fn futures_stream(total: usize, chunk: Bytes) -> impl tokio_stream::Stream<Item = Result<Frame<Bytes>, Infallible>> {
+fn futures_stream(
+    total: usize,
+    chunk: Bytes,
+) -> impl tokio_stream::Stream<Item = Result<Frame<Bytes>, Infallible>> {
     let mut left = total;
     tokio_stream::iter(std::iter::from_fn(move || {
         if left == 0 {
@@ -154,7 +168,9 @@ fn full(s: impl Into<Bytes>) -> Response<UpBody> {
 
 /// Substitutes `{upstream}` and `{marks}` in a config template.
 pub fn render(template: &str, upstream: SocketAddr, marks: &Path) -> String {
-    template.replace("{upstream}", &upstream.to_string()).replace("{marks}", &marks.display().to_string())
+    template
+        .replace("{upstream}", &upstream.to_string())
+        .replace("{marks}", &marks.display().to_string())
 }
 
 /// A proxy running in this process.
@@ -201,7 +217,12 @@ pub async fn proxy(config_text: &str, dir: &Path) -> Proxy {
     let task = tokio::spawn(palisade::run(config, listeners, async move {
         let _ = stopped.await;
     }));
-    Proxy { addr, admin, stop: Some(stop), task: Some(task) }
+    Proxy {
+        addr,
+        admin,
+        stop: Some(stop),
+        task: Some(task),
+    }
 }
 
 /// A response read whole.
@@ -229,16 +250,27 @@ pub fn http1_client() -> TestClient {
 }
 
 pub fn h2c_client() -> TestClient {
-    Client::builder(TokioExecutor::new()).http2_only(true).build(HttpConnector::new())
+    Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new())
 }
 
 /// Sends a request with the given extra headers and reads the whole response.
-pub async fn send(client: &TestClient, method: Method, url: &str, headers: &[(&str, &[u8])], body: &'static [u8]) -> Got {
+pub async fn send(
+    client: &TestClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &[u8])],
+    body: &'static [u8],
+) -> Got {
     let mut req = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         req = req.header(*k, HeaderValue::from_bytes(v).unwrap());
     }
-    let resp = client.request(req.body(Full::new(Bytes::from_static(body))).unwrap()).await.unwrap();
+    let resp = client
+        .request(req.body(Full::new(Bytes::from_static(body))).unwrap())
+        .await
+        .unwrap();
     read(resp).await
 }
 
@@ -246,7 +278,12 @@ pub async fn read(resp: Response<Incoming>) -> Got {
     let (parts, body) = resp.into_parts();
     let collected = body.collect().await.unwrap();
     let trailers = collected.trailers().cloned();
-    Got { status: parts.status, headers: parts.headers, body: collected.to_bytes(), trailers }
+    Got {
+        status: parts.status,
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    }
 }
 
 pub async fn get(url: &str) -> Got {
@@ -255,14 +292,23 @@ pub async fn get(url: &str) -> Got {
 
 /// A POST with an optional token over HTTP/1.1.
 pub async fn post(url: &str, token: Option<&str>) -> Got {
-    let headers: Vec<(&str, &[u8])> = token.map(|t| ("x-fencing-token", t.as_bytes())).into_iter().collect();
+    let headers: Vec<(&str, &[u8])> = token
+        .map(|t| ("x-fencing-token", t.as_bytes()))
+        .into_iter()
+        .collect();
     send(&http1_client(), Method::POST, url, &headers, b"payload").await
 }
 
 /// The value of one sample in a Prometheus text exposition, e.g.
 /// `metric(&text, "palisade_mark{resource=\"orders\"}")`.
 pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
 }
 
 /// The palisade binary, run as a child process, killed on drop.
@@ -294,7 +340,9 @@ pub fn spawn_proxy(config: &Path) -> Result<ProxyProcess, (Option<i32>, String)>
         };
         seen.push_str(&line);
         seen.push('\n');
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
         let fields = &v["fields"];
         match fields["message"].as_str() {
             Some("admin listening") => admin = fields["addr"].as_str().and_then(|a| a.parse().ok()),

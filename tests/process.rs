@@ -1,0 +1,278 @@
+//! Tests that run the `palisade` binary as a real process: restart after `kill -9`, startup on a
+//! corrupt marks file, memory use under large bodies, and `palisade check`.
+
+mod support;
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::process::Command;
+
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use support::{post, spawn_proxy, write};
+
+const CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+workers = 2
+
+[admin]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "{marks}"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "orders-write"
+upstream = "legacy"
+path_prefix = "/orders"
+resource = "orders"
+
+[[route]]
+name = "bulk"
+upstream = "legacy"
+path_prefix = "/"
+guard = false
+"#;
+
+#[tokio::test]
+async fn a_mark_survives_kill_9_and_the_zombie_is_still_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let marks = dir.path().join("marks.json");
+    let config = write(
+        dir.path(),
+        "palisade.toml",
+        &support::render(CONFIG, up.addr, &marks),
+    );
+
+    let mut first = spawn_proxy(&config).unwrap();
+    let url = format!("http://{}/orders/1", first.addr);
+    assert_eq!(post(&url, Some("34")).await.status, StatusCode::OK);
+    assert_eq!(post(&url, Some("51")).await.status, StatusCode::OK);
+    first.kill9();
+
+    let second = spawn_proxy(&config).unwrap();
+    let url = format!("http://{}/orders/1", second.addr);
+    let zombie = post(&url, Some("34")).await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT);
+    assert_eq!(zombie.headers["x-fencing-mark"], "51");
+    assert_eq!(post(&url, Some("51")).await.status, StatusCode::OK);
+    assert_eq!(
+        up.log.tokens(),
+        [Some("34".into()), Some("51".into()), Some("51".into())]
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_or_truncated_marks_file_stops_startup() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let marks = dir.path().join("marks.json");
+    let config = write(
+        dir.path(),
+        "palisade.toml",
+        &support::render(CONFIG, up.addr, &marks),
+    );
+    let mut p = spawn_proxy(&config).unwrap();
+    assert_eq!(
+        post(&format!("http://{}/orders/1", p.addr), Some("51"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    p.kill9();
+    let good = std::fs::read(&marks).unwrap();
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("truncated", good[..good.len() / 2].to_vec()),
+        ("empty", Vec::new()),
+        ("garbage", b"\x00\x01not json".to_vec()),
+        (
+            "wrong type",
+            br#"{"format":"palisade-marks/1","marks":{"orders":"51"}}"#.to_vec(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        std::fs::write(&marks, &bytes).unwrap();
+        let (code, stderr) = match spawn_proxy(&config) {
+            Ok(_) => panic!("{what}: palisade started on a bad marks file"),
+            Err(e) => e,
+        };
+        assert_eq!(code, Some(1), "{what}: {stderr}");
+        assert!(
+            stderr.contains("corrupt or truncated") && stderr.contains("marks.json"),
+            "{what}: {stderr}"
+        );
+        assert_eq!(
+            std::fs::read(&marks).unwrap(),
+            bytes,
+            "{what}: the file is left as it was"
+        );
+    }
+    assert_eq!(up.log.len(), 1);
+}
+
+type Streamed = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+const BIG: usize = 256 * 1024 * 1024;
+
+fn chunks(total: usize) -> Streamed {
+    let chunk = Bytes::from(vec![b'u'; 256 * 1024]);
+    let mut left = total;
+    let stream = tokio_stream::iter(std::iter::from_fn(move || {
+        let n = left.min(chunk.len());
+        left -= n;
+        (n > 0).then(|| Ok::<_, Infallible>(Frame::data(chunk.slice(..n))))
+    }));
+    BodyExt::boxed(StreamBody::new(stream))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_uploads_and_downloads_stream_with_bounded_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let config = write(
+        dir.path(),
+        "palisade.toml",
+        &support::render(CONFIG, up.addr, &dir.path().join("m.json")),
+    );
+    let p = spawn_proxy(&config).unwrap();
+
+    let h1: Client<HttpConnector, Streamed> =
+        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let req = Request::builder()
+        .method(Method::POST)
+        .uri(format!("http://{}/upload", p.addr))
+        .body(chunks(BIG))
+        .unwrap();
+    let resp = h1.request(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        body,
+        BIG.to_string(),
+        "upstream received every byte of the upload"
+    );
+
+    let h2: Client<HttpConnector, Streamed> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build(HttpConnector::new());
+    for client in [&h1, &h2] {
+        let req = Request::get(format!("http://{}/download?{BIG}", p.addr))
+            .body(chunks(0))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        let mut n = 0;
+        while let Some(frame) = body.frame().await {
+            if let Ok(d) = frame.unwrap().into_data() {
+                n += d.len();
+            }
+        }
+        assert_eq!(n, BIG, "client received every byte of the download");
+    }
+    let peak = p.peak_rss_kib();
+    eprintln!("palisade peak RSS after 3 x 256 MiB: {peak} KiB");
+    assert!(peak < 64 * 1024, "peak RSS {peak} KiB is not under 64 MiB");
+}
+
+fn check(dir: &Path, text: &str) -> (Option<i32>, String) {
+    let path = write(dir, "bad.toml", text);
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_names_file_line_column_and_key_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = support::render(CONFIG, "127.0.0.1:9".parse().unwrap(), Path::new("m.json"));
+    let (code, out) = check(dir.path(), &base);
+    assert_eq!(code, Some(0), "{out}");
+
+    let file = dir.path().join("bad.toml").display().to_string();
+    let cases = [
+        (
+            "unknown key",
+            base.replace("workers = 2", "workers = 2\nlisten_backlog = 5"),
+            "5:1: proxy.listen_backlog:",
+        ),
+        (
+            "unknown upstream",
+            base.replace(
+                "upstream = \"legacy\"\npath_prefix = \"/orders\"",
+                "upstream = \"legcy\"\npath_prefix = \"/orders\"",
+            ),
+            "19:12: route[0].upstream:",
+        ),
+        (
+            "duplicate route",
+            base.replace("name = \"bulk\"", "name = \"orders-write\""),
+            "24:8: route[1].name:",
+        ),
+        (
+            "bad listen address",
+            base.replace(
+                "listen = \"127.0.0.1:0\"\nworkers",
+                "listen = \"127.0.0.1\"\nworkers",
+            ),
+            "3:10: proxy.listen:",
+        ),
+        (
+            "bad method",
+            base.replace(
+                "resource = \"orders\"",
+                "resource = \"orders\"\nmethods = [\"POST\", \"FETCH ME\"]",
+            ),
+            "22:20: route[0].methods[1]:",
+        ),
+        (
+            "bad store",
+            base.replace("store = \"file\"", "store = \"etc\""),
+            "10:9: marks.store:",
+        ),
+    ];
+    for (what, text, want) in cases {
+        let (code, out) = check(dir.path(), &text);
+        assert_eq!(code, Some(2), "{what}: {out}");
+        assert!(
+            out.contains(&format!("{file}:{want}")),
+            "{what}: wanted {file}:{want} in {out:?}"
+        );
+    }
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "check",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/config/palisade.toml"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
