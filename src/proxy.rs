@@ -358,21 +358,31 @@ fn prepare(
             h.insert(header::HOST, a);
         }
     }
-    let ip = peer.ip().to_string();
-    let xff = match h
-        .get_all(X_FORWARDED_FOR)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-    {
-        prior if prior.is_empty() => HeaderValue::from_str(&ip),
-        prior => HeaderValue::from_str(&format!("{}, {ip}", prior.join(", "))),
+    let xff = if h.contains_key(&X_FORWARDED_FOR) {
+        let prior: Vec<&str> = h
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        HeaderValue::from_str(&format!("{}, {}", prior.join(", "), peer.ip())).ok()
+    } else {
+        Some(ip_header(peer.ip()))
     };
-    if let Ok(v) = xff {
+    if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR, v);
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     Request::from_parts(parts, body)
+}
+
+fn ip_header(ip: std::net::IpAddr) -> HeaderValue {
+    use std::io::Write;
+    // Formats into a stack buffer: no String allocation per request.
+    let mut buf = [0u8; 48];
+    let mut cur = std::io::Cursor::new(&mut buf[..]);
+    let _ = write!(cur, "{ip}");
+    let n = cur.position() as usize;
+    HeaderValue::from_bytes(&buf[..n]).expect("an IP address is a valid header value")
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -383,6 +393,21 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 /// Removes the headers that describe one connection rather than the message (RFC 9110 7.6.1),
 /// keeping `te: trailers`, which gRPC needs end to end.
 fn strip_hop_by_hop(h: &mut HeaderMap) {
+    // Most messages carry none of these: one pass over the names is cheaper than eight
+    // hashed removals on the hot path.
+    let hop = |n: &HeaderName| {
+        n == header::CONNECTION
+            || n == header::TE
+            || n == header::TRANSFER_ENCODING
+            || n == header::UPGRADE
+            || n == header::PROXY_AUTHORIZATION
+            || n == header::PROXY_AUTHENTICATE
+            || n == KEEP_ALIVE
+            || n == PROXY_CONNECTION
+    };
+    if !h.keys().any(hop) {
+        return;
+    }
     if let Some(conn) = h.remove(header::CONNECTION) {
         // Also drop every header the Connection header names (and any repeated Connection).
         let mut named: Vec<HeaderName> = Vec::new();
