@@ -6,6 +6,8 @@
 //! `palisade` proxy in front of it) refuses any token below the highest it has accepted.
 //!
 //! # Layout
+//!
+//! The proxy and guard (the resource's side):
 //! - [`token`]: the token type and its one strict wire form.
 //! - [`guard`]: the admission rule, pure (no I/O).
 //! - [`marks`]: mark stores that keep high-water marks across restarts.
@@ -18,22 +20,44 @@
 //! - [`admin`]: `/metrics`, `/livez`, `/readyz`, `/marks`.
 //! - [`server`]: the accept loop with graceful shutdown.
 //! - [`app`]: wiring config, store, proxy and admin together.
+//!
+//! The client library (the owner's side):
+//! - [`session`]: a lease kept alive, with a signal when it is lost.
+//! - [`lock`], [`rwlock`], [`election`]: the primitives, each handing out fencing tokens.
+//! - [`provider`]: etcd (feature `etcd`) and in-memory providers behind one model.
+//! - [`transport`]: stamping requests with a token and reading it back (HTTP, gRPC).
+//! - [`error`]: the client library's error.
 
 pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod config;
+pub mod election;
+pub mod error;
 pub mod guard;
+pub mod lock;
 pub mod marks;
 pub mod metrics;
 pub mod path;
+pub mod provider;
 pub mod proxy;
+mod queue;
 pub mod reject;
+pub mod rwlock;
 pub mod server;
+pub mod session;
 pub mod token;
+pub mod transport;
 
 pub use admission::Admission;
 pub use app::{run, Listeners};
 pub use config::Config;
+pub use election::{ElectionService, Leadership, Observation, Term};
+pub use error::Error;
+pub use lock::{LockGrant, LockService};
+pub use provider::memory::MemoryProvider;
+pub use provider::Provider;
+pub use rwlock::{Mode, RwGrant, RwLockService};
+pub use session::{Session, SessionOptions, SessionState};
 pub use guard::{Verdict, Watermark};
 pub use token::FencingToken;

@@ -1,0 +1,289 @@
+//! The queue every primitive is built on (DESIGN 2), written once for all providers.
+//!
+//! A primitive `P` keeps one entry per session under `P/q/` (attached to the session's lease,
+//! ordered by create revision) and an epoch key `P/epoch`. An entry owns the primitive when no
+//! entry that blocks it was created before it; ownership is then confirmed by the transaction
+//! `If(CreateRevision(own) == own_rev) Then Put(P/epoch, ...)`, whose revision is the fencing
+//! token. A zombie whose entry expired fails that compare and gets no token.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::provider::{Compare, EventKind, KeyRange, Kv, Op, SortByCreate, Txn, TxnResponse};
+use crate::session::{Claim, Incarnation, LossSignal, Session, SessionState};
+use crate::token::FencingToken;
+
+/// One primitive's keys.
+pub(crate) struct Primitive {
+    pub(crate) name: String,
+    pub(crate) path: String,
+}
+
+impl Primitive {
+    pub(crate) fn new(session: &Session, kind: &str, name: &str) -> Result<Self, Error> {
+        Ok(Self { name: name.to_owned(), path: session.path(kind, name)? })
+    }
+
+    pub(crate) fn queue(&self) -> String {
+        format!("{}/q/", self.path)
+    }
+
+    pub(crate) fn epoch(&self) -> String {
+        format!("{}/epoch", self.path)
+    }
+
+    /// This session's entry; `sub` separates entry kinds (`r/`, `w/` for rwlocks).
+    pub(crate) fn entry(&self, session: &Session, sub: &str) -> String {
+        format!("{}/q/{sub}{:016x}", self.path, session.lease())
+    }
+}
+
+pub(crate) fn token(revision: i64) -> FencingToken {
+    FencingToken::new(u64::try_from(revision).unwrap_or(0)).expect("store revisions of writes are positive")
+}
+
+async fn txn(session: &Session, op: &'static str, t: Txn) -> Result<TxnResponse, Error> {
+    session.backend().txn(t).await.map_err(Error::store(op))
+}
+
+/// An acquisition in progress. Dropped before [`Pending::finish`] (cancelled, or failed), it
+/// deletes its entry in the background with a fresh context and keeps the session's claim until
+/// that is done, so a new acquisition of the same primitive cannot race the cleanup.
+pub(crate) struct Pending {
+    session: Session,
+    key: String,
+    incarnation: Option<Incarnation>,
+    claim: Option<Claim>,
+}
+
+impl Pending {
+    pub(crate) fn new(session: &Session, key: String, claim: Claim) -> Self {
+        Self { session: session.clone(), key, incarnation: None, claim: Some(claim) }
+    }
+
+    pub(crate) fn incarnation(&self) -> &Incarnation {
+        self.incarnation.as_ref().expect("registered")
+    }
+
+    /// Puts the entry into the queue (or adopts this session's existing one) with `value`.
+    pub(crate) async fn register(&mut self, value: &[u8]) -> Result<(), Error> {
+        let key = self.key.clone();
+        let r = txn(
+            &self.session,
+            "register",
+            Txn {
+                when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
+                then: vec![Op::Put { key: key.clone(), value: value.to_vec(), lease: self.session.lease() }],
+                otherwise: vec![Op::get(key.clone())],
+            },
+        )
+        .await?;
+        let create_revision = if r.succeeded {
+            r.revision
+        } else {
+            // Left over from an acquisition whose cleanup has not landed: same lease, so ours.
+            r.range(0).first().map_or(r.revision, |kv| kv.create_revision)
+        };
+        self.incarnation = Some(Incarnation { key, create_revision });
+        Ok(())
+    }
+
+    /// Records an entry created by a one-transaction `try_*`.
+    pub(crate) fn registered(&mut self, create_revision: i64) {
+        self.incarnation = Some(Incarnation { key: self.key.clone(), create_revision });
+    }
+
+    /// Waits until no entry created before ours satisfies `blocks`.
+    ///
+    /// Reads from a fresh revision, then watches the newest blocker (and our own entry) from
+    /// the read's revision + 1, so no delete is missed and no stale history is replayed; after
+    /// every delete it reads again, so a waiter never skips a live holder even when the entry
+    /// in front of it goes first.
+    pub(crate) async fn wait_turn(&self, p: &Primitive, blocks: impl Fn(&Kv) -> bool) -> Result<(), Error> {
+        let me = self.incarnation().clone();
+        let mut loss = self.session.loss_signal();
+        loop {
+            self.session.ensure_alive()?;
+            let read = self.session.backend().txn(
+                Txn {
+                    when: vec![],
+                    then: vec![
+                        Op::get(me.key.clone()),
+                        Op::Range {
+                            range: KeyRange::prefix(p.queue()),
+                            sort: Some(SortByCreate::Descending),
+                            limit: 0,
+                            max_create_revision: me.create_revision - 1,
+                        },
+                    ],
+                    otherwise: vec![],
+                },
+            );
+            let r = match read.await {
+                Ok(r) => r,
+                // The store is unreachable: keep waiting while the lease may still be alive;
+                // the loss signal ends the wait once it cannot be.
+                Err(e) if e.is_transient() => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        _ = loss.wait() => return Err(lost_error(&self.session)),
+                    }
+                }
+                Err(e) => return Err(Error::store("read queue")(e)),
+            };
+            if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
+                // Our entry is gone: the lease expired (or someone deleted it).
+                return Err(lost_error(&self.session));
+            }
+            // The store filters by create revision too, but `max_create_revision == 0` means
+            // "no limit", so the bound is applied here as well.
+            let Some(blocker) = r.range(1).iter().find(|kv| kv.create_revision < me.create_revision && blocks(kv)) else {
+                return Ok(());
+            };
+            let (lo, hi) = if blocker.key < me.key { (&blocker.key, &me.key) } else { (&me.key, &blocker.key) };
+            let range = KeyRange { start: lo.clone(), end: Some(format!("{hi}\0")) };
+            let watched = [blocker.key.clone(), me.key.clone()];
+            let mut events = match self.session.backend().watch(range, r.revision + 1).await {
+                Ok(ev) => ev,
+                Err(e) if e.is_transient() => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        _ = loss.wait() => return Err(lost_error(&self.session)),
+                    }
+                }
+                Err(e) => return Err(Error::store("watch queue")(e)),
+            };
+            loop {
+                tokio::select! {
+                    batch = events.next() => match batch {
+                        Some(Ok(batch)) => {
+                            if batch.iter().any(|e| e.kind == EventKind::Delete && watched.contains(&e.kv.key)) {
+                                break;
+                            }
+                        }
+                        // Broken, compacted or ended watch: read again and watch anew.
+                        Some(Err(_)) | None => break,
+                    },
+                    _ = loss.wait() => return Err(lost_error(&self.session)),
+                }
+            }
+        }
+    }
+
+    /// Bumps the epoch if our entry still exists: the revision of that write is the token.
+    pub(crate) async fn confirm(&self, p: &Primitive, epoch_value: &[u8]) -> Result<FencingToken, Error> {
+        let me = self.incarnation();
+        let r = txn(
+            &self.session,
+            "confirm ownership",
+            Txn {
+                when: vec![Compare::CreateRevisionEq(KeyRange::key(me.key.clone()), me.create_revision)],
+                then: vec![Op::Put { key: p.epoch(), value: epoch_value.to_vec(), lease: 0 }],
+                otherwise: vec![],
+            },
+        )
+        .await?;
+        if !r.succeeded {
+            return Err(lost_error(&self.session));
+        }
+        Ok(token(r.revision))
+    }
+
+    /// Hands the entry and the claim over to a grant.
+    pub(crate) fn finish(mut self, p: &Primitive, token: FencingToken) -> Grant {
+        Grant {
+            session: self.session.clone(),
+            name: p.name.clone(),
+            incarnation: self.incarnation.take().expect("registered"),
+            token,
+            released: AtomicBool::new(false),
+            claim: std::sync::Mutex::new(self.claim.take()),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else { return };
+        let session = self.session.clone();
+        let key = self.key.clone();
+        let incarnation = self.incarnation.take();
+        self.session.spawn_cleanup(async move {
+            let _claim = claim;
+            let incarnation = match incarnation {
+                Some(i) => Some(i),
+                // Cancelled during registration: the put may or may not have landed.
+                None => session
+                    .backend()
+                    .txn(Txn { when: vec![], then: vec![Op::get(key.clone())], otherwise: vec![] })
+                    .await
+                    .ok()
+                    .and_then(|r| r.range(0).first().map(|kv| Incarnation { key, create_revision: kv.create_revision })),
+            };
+            if let Some(i) = incarnation {
+                if let Err(e) = session.release(&i).await {
+                    tracing::warn!(key = %i.key, error = %e, "could not delete an abandoned queue entry; it goes with the lease");
+                }
+            }
+        });
+    }
+}
+
+fn lost_error(session: &Session) -> Error {
+    match session.state() {
+        SessionState::Closed => Error::SessionClosed,
+        _ => Error::SessionLost,
+    }
+}
+
+/// What every grant (lock, read/write, leadership) holds.
+pub(crate) struct Grant {
+    pub(crate) session: Session,
+    pub(crate) name: String,
+    pub(crate) incarnation: Incarnation,
+    pub(crate) token: FencingToken,
+    released: AtomicBool,
+    claim: std::sync::Mutex<Option<Claim>>,
+}
+
+impl Grant {
+    pub(crate) fn loss_signal(&self) -> LossSignal {
+        self.session.loss_signal()
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Deletes the entry (fenced on its create revision). Local state changes only after the
+    /// store answered, so a failed release can be retried.
+    pub(crate) async fn release(&self) -> Result<(), Error> {
+        if self.is_released() {
+            return Err(Error::Released);
+        }
+        self.session.release(&self.incarnation).await?;
+        // Whether or not the entry was still there (a lost lease deletes it too), it is gone,
+        // and the session may acquire the primitive again.
+        self.released.store(true, Ordering::Release);
+        self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
+        Ok(())
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        let claim = self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if self.is_released() || self.session.state() != SessionState::Alive {
+            return;
+        }
+        let session = self.session.clone();
+        let incarnation = self.incarnation.clone();
+        self.session.spawn_cleanup(async move {
+            let _claim = claim;
+            if let Err(e) = session.release(&incarnation).await {
+                tracing::warn!(key = %incarnation.key, error = %e, "could not release a dropped grant; it goes with the lease");
+            }
+        });
+    }
+}

@@ -1,0 +1,481 @@
+//! Behaviour of sessions, locks, read/write locks and elections: one suite, run against the
+//! in-memory provider and against a real etcd process started on free ports. Tests that need a
+//! real process crash (SIGSTOP, SIGKILL) run against etcd only.
+
+#[path = "support/etcd.rs"]
+mod etcd;
+#[path = "support/netcut.rs"]
+mod netcut;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use palisade::provider::etcd::EtcdProvider;
+use palisade::{
+    ElectionService, Error, LockService, MemoryProvider, Mode, Observation, Provider, RwLockService, Session,
+    SessionOptions, SessionState,
+};
+
+const NS: &str = "/t";
+const TTL: Duration = Duration::from_secs(2);
+
+/// A provider under test, plus what the suite needs to inspect and break it.
+enum Fx {
+    Memory(MemoryProvider),
+    Etcd(etcd::Etcd, EtcdProvider),
+}
+
+/// Cuts one session's connection to the store.
+enum Cutter {
+    Memory(MemoryProvider),
+    Net(netcut::Cut),
+}
+
+impl Cutter {
+    fn cut(&self) {
+        match self {
+            Cutter::Memory(m) => m.set_partitioned(true),
+            Cutter::Net(n) => n.cut(),
+        }
+    }
+}
+
+impl Fx {
+    async fn memory() -> Fx {
+        Fx::Memory(MemoryProvider::new())
+    }
+
+    async fn etcd() -> Fx {
+        let e = etcd::Etcd::single().await;
+        let client = e.client().await;
+        let p = EtcdProvider::new(&client);
+        Fx::Etcd(e, p)
+    }
+
+    fn options(ttl: Duration) -> SessionOptions {
+        SessionOptions::new().with_ttl(ttl).with_namespace(NS)
+    }
+
+    async fn session_ttl(&self, ttl: Duration) -> Session {
+        match self {
+            Fx::Memory(m) => m.connect().session(Self::options(ttl)).await.unwrap(),
+            Fx::Etcd(_, p) => p.session(Self::options(ttl)).await.unwrap(),
+        }
+    }
+
+    async fn session(&self) -> Session {
+        self.session_ttl(TTL).await
+    }
+
+    /// A session whose link to the store the test can cut.
+    async fn cuttable(&self) -> (Session, Cutter) {
+        match self {
+            Fx::Memory(m) => {
+                let c = m.connect();
+                (c.session(Self::options(TTL)).await.unwrap(), Cutter::Memory(c))
+            }
+            Fx::Etcd(e, _) => {
+                let cut = netcut::Cut::new(&e.endpoint()).await;
+                let client = etcd::Etcd::client_at(&cut.url()).await;
+                let p = EtcdProvider::new(&client).with_request_timeout(Duration::from_millis(500));
+                (p.session(Self::options(TTL)).await.unwrap(), Cutter::Net(cut))
+            }
+        }
+    }
+
+    async fn keys(&self, prefix: &str) -> Vec<String> {
+        match self {
+            Fx::Memory(m) => m.keys(prefix),
+            Fx::Etcd(e, _) => e.keys(prefix).await,
+        }
+    }
+
+    /// Waits (bounded) until no key under `prefix` has `needle` in it.
+    async fn wait_gone(&self, prefix: &str, needle: &str) {
+        let started = Instant::now();
+        while self.keys(prefix).await.iter().any(|k| k.contains(needle)) {
+            assert!(started.elapsed() < TTL * 4, "{needle} still under {prefix}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn lease_hex(s: &Session) -> String {
+    format!("{:016x}", s.lease_id())
+}
+
+mod suite {
+    use super::*;
+
+    pub(crate) async fn mutual_exclusion_with_tokens_in_acquisition_order(fx: &Fx) {
+        let inside = Arc::new(AtomicBool::new(false));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..8 {
+            let s = fx.session().await;
+            let (inside, order) = (inside.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..25 {
+                    let g = s.lock("shared").await.unwrap();
+                    assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                    order.lock().unwrap().push(g.token().get());
+                    tokio::task::yield_now().await;
+                    inside.store(false, Ordering::SeqCst);
+                    g.unlock().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap();
+        assert_eq!(order.len(), 200);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "tokens not strictly increasing: {order:?}");
+    }
+
+    pub(crate) async fn tokens_increase_across_unlock_and_lease_expiry(fx: &Fx) {
+        let a = fx.session().await;
+        let t1 = a.lock("x").await.unwrap();
+        let first = t1.token();
+        t1.unlock().await.unwrap();
+        let t2 = a.lock("x").await.unwrap();
+        assert!(t2.token() > first, "unlock -> lock");
+        t2.unlock().await.unwrap();
+
+        let (holder, cutter) = fx.cuttable().await;
+        let held = holder.lock("x").await.unwrap();
+        assert!(held.token() > t2.token());
+        let b = fx.session().await;
+        let waiter = tokio::spawn(async move { (b.lock("x").await.unwrap(), b) });
+        cutter.cut();
+        let (next, _b) = waiter.await.unwrap();
+        assert!(next.token() > held.token(), "expiry -> waiter: {} after {}", next.token(), held.token());
+    }
+
+    pub(crate) async fn expired_holder_is_signalled_within_ttl_plus_2s_and_gets_no_more_tokens(fx: &Fx) {
+        let (holder, cutter) = fx.cuttable().await;
+        let g = holder.lock("x").await.unwrap();
+        let mut lost = g.loss_signal();
+        let cut_at = Instant::now();
+        cutter.cut();
+        let state = tokio::time::timeout(TTL + Duration::from_secs(2), lost.wait()).await.expect("loss signal in time");
+        assert_eq!(state, SessionState::Lost);
+        assert!(cut_at.elapsed() <= TTL + Duration::from_secs(2));
+        assert_eq!(holder.state(), SessionState::Lost);
+        assert!(matches!(holder.lock("y").await, Err(Error::SessionLost)));
+        assert!(matches!(holder.try_lock("y").await, Err(Error::SessionLost)));
+        assert!(matches!(holder.campaign("e", "v").await, Err(Error::SessionLost)));
+    }
+
+    pub(crate) async fn try_lock_race_has_one_winner_and_losers_leave_no_key(fx: &Fx) {
+        let sessions = futures_join(5, || fx.session()).await;
+        let results = futures_all(sessions.iter().cloned().map(|s| async move { s.try_lock("race").await })).await;
+        let winners: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
+        assert_eq!(winners.len(), 1, "{results:?}");
+        for r in &results {
+            if let Err(e) = r {
+                assert!(matches!(e, Error::Taken { .. }), "{e}");
+            }
+        }
+        let keys = fx.keys(&format!("{NS}/lock/race/q/")).await;
+        assert_eq!(keys.len(), 1, "only the winner's entry: {keys:?}");
+        // A loser can try again once the winner is gone, and is not behind a phantom entry.
+        let winner_idx = results.iter().position(|r| r.is_ok()).unwrap();
+        results[winner_idx].as_ref().unwrap().unlock().await.unwrap();
+        let loser = &sessions[(winner_idx + 1) % 5];
+        assert!(loser.try_lock("race").await.is_ok());
+    }
+
+    pub(crate) async fn cancelled_lock_and_campaign_leave_no_key(fx: &Fx) {
+        let holder = fx.session().await;
+        let _g = holder.lock("c").await.unwrap();
+        let _l = holder.campaign("c", "leader").await.unwrap();
+        let waiter = fx.session().await;
+        assert!(tokio::time::timeout(Duration::from_millis(200), waiter.lock("c")).await.is_err());
+        assert!(tokio::time::timeout(Duration::from_millis(200), waiter.campaign("c", "w")).await.is_err());
+        waiter.settle().await;
+        let me = lease_hex(&waiter);
+        for prefix in [format!("{NS}/lock/c/q/"), format!("{NS}/election/c/q/")] {
+            let keys = fx.keys(&prefix).await;
+            assert_eq!(keys.len(), 1, "{prefix}: {keys:?}");
+            assert!(!keys[0].contains(&me));
+        }
+        // And the session can queue again afterwards.
+        let again = tokio::spawn(async move { waiter.lock("c").await.map(|g| g.token()) });
+        drop(_g);
+        assert!(again.await.unwrap().is_ok());
+    }
+
+    pub(crate) async fn waiter_never_acquires_while_the_holder_holds(fx: &Fx) {
+        let holder = fx.session().await;
+        let g = holder.lock("w").await.unwrap();
+        let (middle, cutter) = fx.cuttable().await;
+        let middle_hex = lease_hex(&middle);
+        let middle_task = tokio::spawn(async move { middle.lock("w").await.map(|g| g.token()) });
+        fx.wait_present(&format!("{NS}/lock/w/q/"), &middle_hex).await;
+        let last = fx.session().await;
+        let last_hex = lease_hex(&last);
+        let last_task = tokio::spawn(async move { last.lock("w").await.map(|g| (g.token(), g)) });
+        fx.wait_present(&format!("{NS}/lock/w/q/"), &last_hex).await;
+        cutter.cut();
+        fx.wait_gone(&format!("{NS}/lock/w/q/"), &middle_hex).await;
+        // The entry in front of `last` is gone but the holder is alive: `last` keeps waiting.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!last_task.is_finished(), "a waiter acquired while the holder held");
+        assert!(middle_task.await.unwrap().is_err(), "the expired waiter gets no token");
+        let held = g.token();
+        g.unlock().await.unwrap();
+        let (t, _g) = last_task.await.unwrap().unwrap();
+        assert!(t > held);
+    }
+
+    pub(crate) async fn a_stale_release_cannot_delete_a_newer_incarnation(fx: &Fx) {
+        let s = fx.session().await;
+        let g1 = s.lock("i").await.unwrap();
+        let old = g1.incarnation().clone();
+        g1.unlock().await.unwrap();
+        assert!(matches!(g1.unlock().await, Err(Error::Released)), "double unlock is defined");
+        let g2 = s.lock("i").await.unwrap();
+        assert_eq!(g2.incarnation().key(), old.key(), "same key, new incarnation");
+        assert!(g2.incarnation().create_revision() > old.create_revision());
+        assert!(!s.release(&old).await.unwrap(), "the retried release deleted nothing");
+        let other = fx.session().await;
+        assert!(matches!(other.try_lock("i").await, Err(Error::Taken { .. })), "g2 still holds");
+
+        let l1 = s.campaign("i", "a").await.unwrap();
+        let old = l1.incarnation().clone();
+        l1.resign().await.unwrap();
+        let l2 = s.campaign("i", "b").await.unwrap();
+        assert!(!s.release(&old).await.unwrap());
+        assert_eq!(s.leader("i").await.unwrap().unwrap().token, l2.token(), "l2 still leads");
+        drop(g2);
+    }
+
+    pub(crate) async fn reentrant_acquisition_and_bad_input_are_errors(fx: &Fx) {
+        let s = fx.session().await;
+        let _g = s.lock("r").await.unwrap();
+        assert!(matches!(s.lock("r").await, Err(Error::AlreadyHeld { .. })));
+        assert!(matches!(s.try_lock("r").await, Err(Error::AlreadyHeld { .. })));
+        assert!(matches!(s.lock("").await, Err(Error::InvalidName(_))));
+        // Names are escaped: "a" and "a/q" never share a queue.
+        let _a = s.lock("a").await.unwrap();
+        let _aq = s.try_lock("a/q").await.unwrap();
+        let bad = match fx {
+            Fx::Memory(m) => m.session(SessionOptions::new().with_ttl(Duration::from_millis(500))).await,
+            Fx::Etcd(_, p) => p.session(SessionOptions::new().with_ttl(Duration::from_millis(500))).await,
+        };
+        assert!(matches!(bad, Err(Error::InvalidTtl(_))));
+        let fractional = fx.session_ttl(Duration::from_millis(1500)).await;
+        assert_eq!(fractional.ttl(), Duration::from_secs(2), "rounded up to whole seconds");
+    }
+
+    pub(crate) async fn close_is_distinct_from_loss_and_revokes_everything(fx: &Fx) {
+        let s = fx.session().await;
+        let _g = s.lock("k").await.unwrap();
+        let mut signal = s.loss_signal();
+        s.close().await.unwrap();
+        assert_eq!(signal.wait().await, SessionState::Closed);
+        assert!(matches!(s.lock("k2").await, Err(Error::SessionClosed)));
+        assert!(fx.keys(&format!("{NS}/lock/k/q/")).await.is_empty(), "revoke deleted the entry");
+        let other = fx.session().await;
+        assert!(other.try_lock("k").await.is_ok());
+    }
+
+    pub(crate) async fn readers_share_a_phase_token_and_writers_exclude(fx: &Fx) {
+        let (r1, r2, w) = (fx.session().await, fx.session().await, fx.session().await);
+        let a = r1.read_lock("rw").await.unwrap();
+        let b = r2.read_lock("rw").await.unwrap();
+        assert_eq!(a.mode(), Mode::Read);
+        assert_eq!(a.token(), b.token(), "one read phase, one token");
+        assert!(matches!(w.try_write_lock("rw").await, Err(Error::Taken { .. })));
+        assert!(fx.keys(&format!("{NS}/rwlock/rw/q/w/")).await.is_empty(), "failed try leaves no key");
+
+        // The writer waits for every earlier reader.
+        let writer = tokio::spawn(async move { (w.write_lock("rw").await.unwrap(), w) });
+        fx.wait_present(&format!("{NS}/rwlock/rw/q/w/"), "").await;
+        // A reader arriving after the writer queues behind it; try_read refuses.
+        let r3 = fx.session().await;
+        assert!(matches!(r3.try_read_lock("rw").await, Err(Error::Taken { .. })));
+        a.runlock().await.unwrap();
+        assert!(!writer.is_finished(), "writer must wait for the second reader");
+        b.runlock().await.unwrap();
+        let (wg, w) = writer.await.unwrap();
+        assert!(wg.token() > a.token(), "writer token above the read phase before it");
+        assert!(matches!(r1.try_read_lock("rw").await, Err(Error::Taken { .. })), "writer excludes readers");
+
+        // Wrong-role release is refused and the lock stays held.
+        assert!(matches!(wg.runlock().await, Err(Error::WrongMode { held: "write", .. })));
+        assert!(matches!(r1.try_read_lock("rw").await, Err(Error::Taken { .. })));
+        wg.unlock().await.unwrap();
+
+        let next = r1.read_lock("rw").await.unwrap();
+        assert!(next.token() > wg.token(), "the next read phase is above the writer");
+        assert!(matches!(next.unlock().await, Err(Error::WrongMode { held: "read", .. })));
+        assert!(matches!(w.try_write_lock("rw").await, Err(Error::Taken { .. })), "read lock still held");
+        // Upgrade on one session is refused at once instead of deadlocking.
+        let up = tokio::time::timeout(Duration::from_secs(5), r1.write_lock("rw")).await.expect("no deadlock");
+        assert!(matches!(up, Err(Error::UpgradeNotSupported { .. })));
+        let also = r2.try_read_lock("rw").await.unwrap();
+        assert_eq!(also.token(), next.token());
+        next.runlock().await.unwrap();
+        also.runlock().await.unwrap();
+        let tw = w.try_write_lock("rw").await.unwrap();
+        assert!(tw.token() > next.token());
+    }
+
+    pub(crate) async fn campaign_returns_the_token_and_resign_hands_over_promptly(fx: &Fx) {
+        let (a, b) = (fx.session().await, fx.session().await);
+        let la = a.campaign("e", "a").await.unwrap();
+        let term = a.leader("e").await.unwrap().unwrap();
+        assert_eq!(term.token, la.token());
+        assert_eq!(term.value, b"a");
+        let follower = tokio::spawn(async move { (b.campaign("e", "b").await.unwrap(), b) });
+        fx.wait_present(&format!("{NS}/election/e/q/"), "").await;
+        let resigned = Instant::now();
+        la.resign().await.unwrap();
+        let (lb, _b) = follower.await.unwrap();
+        assert!(resigned.elapsed() < Duration::from_secs(1), "handover took {:?}", resigned.elapsed());
+        assert!(lb.token() > la.token());
+        assert!(matches!(la.proclaim("late").await, Err(Error::Released)));
+    }
+
+    pub(crate) async fn observers_see_terms_in_order_proclamations_and_no_leader(fx: &Fx) {
+        let watcher = fx.session().await;
+        let mut obs = watcher.observe("o").await.unwrap();
+        assert_eq!(next(&mut obs).await, Observation::NoLeader);
+        let a = fx.session().await;
+        let la = a.campaign("o", "a1").await.unwrap();
+        let Observation::Leader(t1) = next(&mut obs).await else { panic!("expected a leader") };
+        assert_eq!((t1.token, t1.value.as_slice()), (la.token(), &b"a1"[..]));
+        la.proclaim("a2").await.unwrap();
+        let Observation::Leader(t2) = next(&mut obs).await else { panic!("expected a proclamation") };
+        assert_eq!((t2.token, t2.value.as_slice()), (la.token(), &b"a2"[..]));
+        let b = fx.session().await;
+        let follower = tokio::spawn(async move { (b.campaign("o", "b1").await.unwrap(), b) });
+        fx.wait_present(&format!("{NS}/election/o/q/"), &"").await;
+        la.resign().await.unwrap();
+        let (lb, _b) = follower.await.unwrap();
+        let Observation::Leader(t3) = next(&mut obs).await else { panic!("expected the next term") };
+        assert!(t3.token > t2.token);
+        assert_eq!((t3.token, t3.value.as_slice()), (lb.token(), &b"b1"[..]));
+        lb.resign().await.unwrap();
+        assert_eq!(next(&mut obs).await, Observation::NoLeader);
+    }
+
+    pub(crate) async fn a_candidate_whose_session_expires_never_leads(fx: &Fx) {
+        let leader = fx.session().await;
+        let l = leader.campaign("x", "l").await.unwrap();
+        let (cand, cutter) = fx.cuttable().await;
+        let hex = lease_hex(&cand);
+        let attempt = tokio::spawn(async move { cand.campaign("x", "c").await.map(|l| l.token()) });
+        fx.wait_present(&format!("{NS}/election/x/q/"), &hex).await;
+        cutter.cut();
+        let r = tokio::time::timeout(TTL + Duration::from_secs(2), attempt).await.expect("returns promptly").unwrap();
+        assert!(matches!(r, Err(Error::SessionLost)), "{r:?}");
+        l.resign().await.unwrap();
+        assert!(leader.leader("x").await.unwrap().is_none());
+    }
+
+    pub(crate) async fn lead_cancels_the_work_when_leadership_is_lost(fx: &Fx) {
+        let (s, cutter) = fx.cuttable().await;
+        let started = Arc::new(tokio::sync::Notify::new());
+        let st = started.clone();
+        let run = tokio::spawn(async move {
+            s.lead("lead", "me", |ctx| async move {
+                st.notify_one();
+                let mut lost = ctx.lost;
+                lost.wait().await;
+                ctx.token
+            })
+            .await
+        });
+        started.notified().await;
+        let cut = Instant::now();
+        cutter.cut();
+        let token = tokio::time::timeout(TTL + Duration::from_secs(2), run).await.expect("signal fired").unwrap().unwrap();
+        assert!(cut.elapsed() <= TTL + Duration::from_secs(2));
+        let other = fx.session().await;
+        let next = other.campaign("lead", "next").await.unwrap();
+        assert!(next.token() > token);
+    }
+
+    async fn next(obs: &mut palisade::election::Observer) -> Observation {
+        tokio::time::timeout(Duration::from_secs(5), obs.next()).await.expect("an observation").unwrap().unwrap()
+    }
+
+    async fn futures_join<F, Fut>(n: usize, f: F) -> Vec<Session>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Session>,
+    {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(f().await);
+        }
+        out
+    }
+
+    async fn futures_all<T, Fut>(futs: impl Iterator<Item = Fut>) -> Vec<T>
+    where
+        Fut: std::future::Future<Output = T> + Send + 'static,
+        T: Send + 'static,
+    {
+        // Start every racer before awaiting any.
+        let handles: Vec<_> = futs.map(tokio::spawn).collect();
+        let mut out = Vec::new();
+        for h in handles {
+            out.push(h.await.unwrap());
+        }
+        out
+    }
+}
+
+impl Fx {
+    /// Waits (bounded) until a key under `prefix` contains `needle`.
+    async fn wait_present(&self, prefix: &str, needle: &str) {
+        let started = Instant::now();
+        while !self.keys(prefix).await.iter().any(|k| k.contains(needle)) {
+            assert!(started.elapsed() < Duration::from_secs(5), "{needle} never appeared under {prefix}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+macro_rules! both_providers {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::suite::$name(&super::Fx::memory().await).await;
+                }
+            )*
+        }
+        mod on_etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::suite::$name(&super::Fx::etcd().await).await;
+                }
+            )*
+        }
+    };
+}
+
+both_providers!(
+    mutual_exclusion_with_tokens_in_acquisition_order,
+    tokens_increase_across_unlock_and_lease_expiry,
+    expired_holder_is_signalled_within_ttl_plus_2s_and_gets_no_more_tokens,
+    try_lock_race_has_one_winner_and_losers_leave_no_key,
+    cancelled_lock_and_campaign_leave_no_key,
+    waiter_never_acquires_while_the_holder_holds,
+    a_stale_release_cannot_delete_a_newer_incarnation,
+    reentrant_acquisition_and_bad_input_are_errors,
+    close_is_distinct_from_loss_and_revokes_everything,
+    readers_share_a_phase_token_and_writers_exclude,
+    campaign_returns_the_token_and_resign_hands_over_promptly,
+    observers_see_terms_in_order_proclamations_and_no_leader,
+    a_candidate_whose_session_expires_never_leads,
+    lead_cancels_the_work_when_leadership_is_lost,
+);
