@@ -19,11 +19,15 @@ use std::io::Write;
 use std::time::Duration;
 
 use palisade::provider::etcd::EtcdProvider;
-use palisade::{ElectionService, Provider, SessionOptions};
+use palisade::{Provider, SessionOptions};
 
 fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_owned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_owned())
 }
 
 fn say(line: &str) {
@@ -34,10 +38,13 @@ fn say(line: &str) {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let client = etcd_client::Client::connect([arg("--endpoint", "http://127.0.0.1:2379")], None).await?;
+    let client =
+        etcd_client::Client::connect([arg("--endpoint", "http://127.0.0.1:2379")], None).await?;
     let provider = EtcdProvider::new(&client);
     let ttl: u64 = arg("--ttl", "5").parse()?;
-    let options = SessionOptions::new().with_ttl(Duration::from_secs(ttl)).with_namespace(arg("--namespace", "/palisade"));
+    let options = SessionOptions::new()
+        .with_ttl(Duration::from_secs(ttl))
+        .with_namespace(arg("--namespace", "/palisade"));
     let session = provider.session(options).await?;
     let name = arg("--name", "demo");
     let lead_for = Duration::from_secs(arg("--lead-secs", "3600").parse()?);

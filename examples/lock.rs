@@ -24,7 +24,11 @@ use palisade::{LockService, Provider, SessionOptions};
 
 fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned().unwrap_or_else(|| default.to_owned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+        .unwrap_or_else(|| default.to_owned())
 }
 
 fn say(line: &str) {
@@ -41,7 +45,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let hold: u64 = arg("--hold-secs", "10").parse()?;
     let client = etcd_client::Client::connect([endpoint], None).await?;
     let provider = EtcdProvider::new(&client);
-    let options = SessionOptions::new().with_ttl(Duration::from_secs(ttl)).with_namespace(arg("--namespace", "/palisade"));
+    let options = SessionOptions::new()
+        .with_ttl(Duration::from_secs(ttl))
+        .with_namespace(arg("--namespace", "/palisade"));
     let session = provider.session(options).await?;
     let grant = session.lock(&name).await?;
     say(&format!("token={}", grant.token()));

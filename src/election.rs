@@ -40,8 +40,11 @@ pub trait ElectionService {
     /// # Errors
     /// [`Error::SessionLost`] if the lease goes while waiting (the candidate never reports
     /// leadership then), [`Error::AlreadyHeld`] if this session already campaigns.
-    fn campaign(&self, name: &str, value: impl Into<Vec<u8>> + Send)
-        -> impl Future<Output = Result<Leadership, Error>> + Send;
+    fn campaign(
+        &self,
+        name: &str,
+        value: impl Into<Vec<u8>> + Send,
+    ) -> impl Future<Output = Result<Leadership, Error>> + Send;
 
     /// The confirmed leader now, if any.
     ///
@@ -80,7 +83,10 @@ pub struct Leadership(Grant);
 
 impl std::fmt::Debug for Leadership {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Leadership").field("name", &self.0.name).field("token", &self.0.token).finish()
+        f.debug_struct("Leadership")
+            .field("name", &self.0.name)
+            .field("token", &self.0.token)
+            .finish()
     }
 }
 
@@ -119,8 +125,15 @@ impl Leadership {
             .session
             .backend()
             .txn(Txn {
-                when: vec![Compare::CreateRevisionEq(KeyRange::key(me.key.clone()), me.create_revision)],
-                then: vec![Op::Put { key: me.key.clone(), value: value.into(), lease: self.0.session.lease() }],
+                when: vec![Compare::CreateRevisionEq(
+                    KeyRange::key(me.key.clone()),
+                    me.create_revision,
+                )],
+                then: vec![Op::Put {
+                    key: me.key.clone(),
+                    value: value.into(),
+                    lease: self.0.session.lease(),
+                }],
                 otherwise: vec![],
             })
             .await
@@ -128,7 +141,9 @@ impl Leadership {
         if r.succeeded {
             Ok(())
         } else {
-            Err(Error::NotLeader { name: self.0.name.clone() })
+            Err(Error::NotLeader {
+                name: self.0.name.clone(),
+            })
         }
     }
 
@@ -159,13 +174,22 @@ impl Session {
     ///
     /// # Errors
     /// The campaign's errors; a failed resignation is logged (the lease ends it anyway).
-    pub async fn lead<F, Fut, T>(&self, name: &str, value: impl Into<Vec<u8>> + Send, work: F) -> Result<T, Error>
+    pub async fn lead<F, Fut, T>(
+        &self,
+        name: &str,
+        value: impl Into<Vec<u8>> + Send,
+        work: F,
+    ) -> Result<T, Error>
     where
         F: FnOnce(LeaderContext) -> Fut,
         Fut: Future<Output = T>,
     {
         let leadership = self.campaign(name, value).await?;
-        let out = work(LeaderContext { token: leadership.token(), lost: leadership.loss_signal() }).await;
+        let out = work(LeaderContext {
+            token: leadership.token(),
+            lost: leadership.loss_signal(),
+        })
+        .await;
         if let Err(e) = leadership.resign().await {
             tracing::debug!(election = name, error = %e, "resign after lead failed");
         }
@@ -208,7 +232,12 @@ fn current(p: &Primitive) -> Txn {
     Txn {
         when: vec![],
         then: vec![
-            Op::Range { range: KeyRange::prefix(p.queue()), sort: Some(SortByCreate::Ascending), limit: 1, max_create_revision: 0 },
+            Op::Range {
+                range: KeyRange::prefix(p.queue()),
+                sort: Some(SortByCreate::Ascending),
+                limit: 1,
+                max_create_revision: 0,
+            },
             Op::get(p.epoch()),
         ],
         otherwise: vec![],
@@ -221,24 +250,38 @@ fn read_term(r: &crate::provider::TxnResponse) -> Option<Observation> {
         return Some(Observation::NoLeader);
     };
     let epoch = r.range(1).first()?;
-    (epoch.value == epoch_value(&first.key))
-        .then(|| Observation::Leader(Term { token: token(epoch.mod_revision), value: first.value.clone() }))
+    (epoch.value == epoch_value(&first.key)).then(|| {
+        Observation::Leader(Term {
+            token: token(epoch.mod_revision),
+            value: first.value.clone(),
+        })
+    })
 }
 
 impl ElectionService for Session {
-    async fn campaign(&self, name: &str, value: impl Into<Vec<u8>> + Send) -> Result<Leadership, Error> {
+    async fn campaign(
+        &self,
+        name: &str,
+        value: impl Into<Vec<u8>> + Send,
+    ) -> Result<Leadership, Error> {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Candidate)?;
         let mut pending = Pending::new(self, p.entry(self, ""), claim);
         pending.register(&value.into()).await?;
         pending.wait_turn(&p, |_| true).await?;
-        let token = pending.confirm(&p, &epoch_value(&pending.incarnation().key)).await?;
+        let token = pending
+            .confirm(&p, &epoch_value(&pending.incarnation().key))
+            .await?;
         Ok(Leadership(pending.finish(&p, token)))
     }
 
     async fn leader(&self, name: &str) -> Result<Option<Term>, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let r = self.backend().txn(current(&p)).await.map_err(Error::store("read leader"))?;
+        let r = self
+            .backend()
+            .txn(current(&p))
+            .await
+            .map_err(Error::store("read leader"))?;
         Ok(match read_term(&r) {
             Some(Observation::Leader(t)) => Some(t),
             _ => None,
@@ -263,8 +306,14 @@ impl ElectionService for Session {
                 if let Some(obs) = read_term(&r) {
                     let fresh = match &obs {
                         // Terms only move forward; a proclaim keeps the token and changes the value.
-                        Observation::Leader(t) => t.token.get() > highest || (t.token.get() == highest && last.as_ref() != Some(&obs)),
-                        Observation::NoLeader => last.as_ref().is_some_and(|l| *l != Observation::NoLeader) || last.is_none(),
+                        Observation::Leader(t) => {
+                            t.token.get() > highest
+                                || (t.token.get() == highest && last.as_ref() != Some(&obs))
+                        }
+                        Observation::NoLeader => {
+                            last.as_ref().is_some_and(|l| *l != Observation::NoLeader)
+                                || last.is_none()
+                        }
                     };
                     if fresh {
                         if let Observation::Leader(t) = &obs {
@@ -276,7 +325,11 @@ impl ElectionService for Session {
                         last = Some(obs);
                     }
                 }
-                let mut events = match session.backend().watch(KeyRange::prefix(format!("{}/", p.path)), r.revision + 1).await {
+                let mut events = match session
+                    .backend()
+                    .watch(KeyRange::prefix(format!("{}/", p.path)), r.revision + 1)
+                    .await
+                {
                     Ok(ev) => ev,
                     Err(_) => {
                         // Re-created after a pause; every read above starts from the present.

@@ -75,7 +75,9 @@ pub enum Error {
 impl Error {
     pub(crate) fn store(op: &'static str) -> impl FnOnce(BackendError) -> Error {
         move |source| match source {
-            BackendError::Refused(ref e) if e.to_string().contains("lease not found") => Error::SessionLost,
+            BackendError::Refused(ref e) if e.to_string().contains("lease not found") => {
+                Error::SessionLost
+            }
             source => Error::Store { op, source },
         }
     }

@@ -46,7 +46,10 @@ pub struct LockGrant(Grant);
 
 impl std::fmt::Debug for LockGrant {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockGrant").field("name", &self.0.name).field("token", &self.0.token).finish()
+        f.debug_struct("LockGrant")
+            .field("name", &self.0.name)
+            .field("token", &self.0.token)
+            .finish()
     }
 }
 
@@ -95,7 +98,9 @@ impl LockService for Session {
         let mut pending = Pending::new(self, p.entry(self, ""), claim);
         pending.register(b"").await?;
         pending.wait_turn(&p, |_| true).await?;
-        let token = pending.confirm(&p, &epoch_value(&pending.incarnation().key)).await?;
+        let token = pending
+            .confirm(&p, &epoch_value(&pending.incarnation().key))
+            .await?;
         Ok(LockGrant(pending.finish(&p, token)))
     }
 
@@ -108,8 +113,16 @@ impl LockService for Session {
             .txn(Txn {
                 when: vec![Compare::CreateRevisionEq(KeyRange::prefix(p.queue()), 0)],
                 then: vec![
-                    Op::Put { key: key.clone(), value: Vec::new(), lease: self.lease() },
-                    Op::Put { key: p.epoch(), value: epoch_value(&key), lease: 0 },
+                    Op::Put {
+                        key: key.clone(),
+                        value: Vec::new(),
+                        lease: self.lease(),
+                    },
+                    Op::Put {
+                        key: p.epoch(),
+                        value: epoch_value(&key),
+                        lease: 0,
+                    },
                 ],
                 otherwise: vec![Op::Range {
                     range: KeyRange::prefix(p.queue()),
@@ -121,7 +134,9 @@ impl LockService for Session {
             .await
             .map_err(Error::store("try lock"))?;
         if !r.succeeded {
-            return Err(Error::Taken { name: name.to_owned() });
+            return Err(Error::Taken {
+                name: name.to_owned(),
+            });
         }
         let mut pending = Pending::new(self, key, claim);
         pending.registered(r.revision);

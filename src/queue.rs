@@ -22,7 +22,10 @@ pub(crate) struct Primitive {
 
 impl Primitive {
     pub(crate) fn new(session: &Session, kind: &str, name: &str) -> Result<Self, Error> {
-        Ok(Self { name: name.to_owned(), path: session.path(kind, name)? })
+        Ok(Self {
+            name: name.to_owned(),
+            path: session.path(kind, name)?,
+        })
     }
 
     pub(crate) fn queue(&self) -> String {
@@ -40,7 +43,8 @@ impl Primitive {
 }
 
 pub(crate) fn token(revision: i64) -> FencingToken {
-    FencingToken::new(u64::try_from(revision).unwrap_or(0)).expect("store revisions of writes are positive")
+    FencingToken::new(u64::try_from(revision).unwrap_or(0))
+        .expect("store revisions of writes are positive")
 }
 
 async fn txn(session: &Session, op: &'static str, t: Txn) -> Result<TxnResponse, Error> {
@@ -59,7 +63,12 @@ pub(crate) struct Pending {
 
 impl Pending {
     pub(crate) fn new(session: &Session, key: String, claim: Claim) -> Self {
-        Self { session: session.clone(), key, incarnation: None, claim: Some(claim) }
+        Self {
+            session: session.clone(),
+            key,
+            incarnation: None,
+            claim: Some(claim),
+        }
     }
 
     pub(crate) fn incarnation(&self) -> &Incarnation {
@@ -74,7 +83,11 @@ impl Pending {
             "register",
             Txn {
                 when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
-                then: vec![Op::Put { key: key.clone(), value: value.to_vec(), lease: self.session.lease() }],
+                then: vec![Op::Put {
+                    key: key.clone(),
+                    value: value.to_vec(),
+                    lease: self.session.lease(),
+                }],
                 otherwise: vec![Op::get(key.clone())],
             },
         )
@@ -83,15 +96,23 @@ impl Pending {
             r.revision
         } else {
             // Left over from an acquisition whose cleanup has not landed: same lease, so ours.
-            r.range(0).first().map_or(r.revision, |kv| kv.create_revision)
+            r.range(0)
+                .first()
+                .map_or(r.revision, |kv| kv.create_revision)
         };
-        self.incarnation = Some(Incarnation { key, create_revision });
+        self.incarnation = Some(Incarnation {
+            key,
+            create_revision,
+        });
         Ok(())
     }
 
     /// Records an entry created by a one-transaction `try_*`.
     pub(crate) fn registered(&mut self, create_revision: i64) {
-        self.incarnation = Some(Incarnation { key: self.key.clone(), create_revision });
+        self.incarnation = Some(Incarnation {
+            key: self.key.clone(),
+            create_revision,
+        });
     }
 
     /// Waits until no entry created before ours satisfies `blocks`.
@@ -100,26 +121,28 @@ impl Pending {
     /// the read's revision + 1, so no delete is missed and no stale history is replayed; after
     /// every delete it reads again, so a waiter never skips a live holder even when the entry
     /// in front of it goes first.
-    pub(crate) async fn wait_turn(&self, p: &Primitive, blocks: impl Fn(&Kv) -> bool) -> Result<(), Error> {
+    pub(crate) async fn wait_turn(
+        &self,
+        p: &Primitive,
+        blocks: impl Fn(&Kv) -> bool,
+    ) -> Result<(), Error> {
         let me = self.incarnation().clone();
         let mut loss = self.session.loss_signal();
         loop {
             self.session.ensure_alive()?;
-            let read = self.session.backend().txn(
-                Txn {
-                    when: vec![],
-                    then: vec![
-                        Op::get(me.key.clone()),
-                        Op::Range {
-                            range: KeyRange::prefix(p.queue()),
-                            sort: Some(SortByCreate::Descending),
-                            limit: 0,
-                            max_create_revision: me.create_revision - 1,
-                        },
-                    ],
-                    otherwise: vec![],
-                },
-            );
+            let read = self.session.backend().txn(Txn {
+                when: vec![],
+                then: vec![
+                    Op::get(me.key.clone()),
+                    Op::Range {
+                        range: KeyRange::prefix(p.queue()),
+                        sort: Some(SortByCreate::Descending),
+                        limit: 0,
+                        max_create_revision: me.create_revision - 1,
+                    },
+                ],
+                otherwise: vec![],
+            });
             let r = match read.await {
                 Ok(r) => r,
                 // The store is unreachable: keep waiting while the lease may still be alive;
@@ -138,11 +161,22 @@ impl Pending {
             }
             // The store filters by create revision too, but `max_create_revision == 0` means
             // "no limit", so the bound is applied here as well.
-            let Some(blocker) = r.range(1).iter().find(|kv| kv.create_revision < me.create_revision && blocks(kv)) else {
+            let Some(blocker) = r
+                .range(1)
+                .iter()
+                .find(|kv| kv.create_revision < me.create_revision && blocks(kv))
+            else {
                 return Ok(());
             };
-            let (lo, hi) = if blocker.key < me.key { (&blocker.key, &me.key) } else { (&me.key, &blocker.key) };
-            let range = KeyRange { start: lo.clone(), end: Some(format!("{hi}\0")) };
+            let (lo, hi) = if blocker.key < me.key {
+                (&blocker.key, &me.key)
+            } else {
+                (&me.key, &blocker.key)
+            };
+            let range = KeyRange {
+                start: lo.clone(),
+                end: Some(format!("{hi}\0")),
+            };
             let watched = [blocker.key.clone(), me.key.clone()];
             let mut events = match self.session.backend().watch(range, r.revision + 1).await {
                 Ok(ev) => ev,
@@ -172,14 +206,25 @@ impl Pending {
     }
 
     /// Bumps the epoch if our entry still exists: the revision of that write is the token.
-    pub(crate) async fn confirm(&self, p: &Primitive, epoch_value: &[u8]) -> Result<FencingToken, Error> {
+    pub(crate) async fn confirm(
+        &self,
+        p: &Primitive,
+        epoch_value: &[u8],
+    ) -> Result<FencingToken, Error> {
         let me = self.incarnation();
         let r = txn(
             &self.session,
             "confirm ownership",
             Txn {
-                when: vec![Compare::CreateRevisionEq(KeyRange::key(me.key.clone()), me.create_revision)],
-                then: vec![Op::Put { key: p.epoch(), value: epoch_value.to_vec(), lease: 0 }],
+                when: vec![Compare::CreateRevisionEq(
+                    KeyRange::key(me.key.clone()),
+                    me.create_revision,
+                )],
+                then: vec![Op::Put {
+                    key: p.epoch(),
+                    value: epoch_value.to_vec(),
+                    lease: 0,
+                }],
                 otherwise: vec![],
             },
         )
@@ -205,7 +250,9 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(claim) = self.claim.take() else { return };
+        let Some(claim) = self.claim.take() else {
+            return;
+        };
         let session = self.session.clone();
         let key = self.key.clone();
         let incarnation = self.incarnation.take();

@@ -112,7 +112,11 @@ impl RwGrant {
                 Mode::Read => ("read", "runlock"),
                 Mode::Write => ("write", "unlock"),
             };
-            return Err(Error::WrongMode { name: self.grant.name.clone(), held, release });
+            return Err(Error::WrongMode {
+                name: self.grant.name.clone(),
+                held,
+                release,
+            });
         }
         self.grant.release().await
     }
@@ -135,7 +139,14 @@ fn read_phase(p: &Primitive) -> Txn {
     Txn {
         when: vec![Compare::ValueEq(p.epoch(), READ_PHASE.to_vec())],
         then: vec![Op::get(p.epoch())],
-        otherwise: vec![Op::Put { key: p.epoch(), value: READ_PHASE.to_vec(), lease: 0 }, Op::get(p.epoch())],
+        otherwise: vec![
+            Op::Put {
+                key: p.epoch(),
+                value: READ_PHASE.to_vec(),
+                lease: 0,
+            },
+            Op::get(p.epoch()),
+        ],
     }
 }
 
@@ -152,12 +163,17 @@ impl RwLockService for Session {
         let mut pending = Pending::new(self, p.entry(self, "r/"), claim);
         pending.register(b"").await?;
         let writer_prefix = format!("{}w/", p.queue());
-        pending.wait_turn(&p, |kv| kv.key.starts_with(&writer_prefix)).await?;
+        pending
+            .wait_turn(&p, |kv| kv.key.starts_with(&writer_prefix))
+            .await?;
         let me = pending.incarnation().clone();
         let r = self
             .backend()
             .txn(Txn {
-                when: vec![Compare::CreateRevisionEq(KeyRange::key(me.key.clone()), me.create_revision)],
+                when: vec![Compare::CreateRevisionEq(
+                    KeyRange::key(me.key.clone()),
+                    me.create_revision,
+                )],
                 then: vec![Op::Txn(read_phase(&p))],
                 otherwise: vec![],
             })
@@ -167,7 +183,10 @@ impl RwLockService for Session {
             (true, Some(t)) => t,
             _ => return Err(Error::SessionLost),
         };
-        Ok(RwGrant { grant: pending.finish(&p, token), mode: Mode::Read })
+        Ok(RwGrant {
+            grant: pending.finish(&p, token),
+            mode: Mode::Read,
+        })
     }
 
     async fn try_read_lock(&self, name: &str) -> Result<RwGrant, Error> {
@@ -178,18 +197,30 @@ impl RwLockService for Session {
             .backend()
             .txn(Txn {
                 when: vec![Compare::CreateRevisionEq(writers(&p), 0)],
-                then: vec![Op::Put { key: key.clone(), value: Vec::new(), lease: self.lease() }, Op::Txn(read_phase(&p))],
+                then: vec![
+                    Op::Put {
+                        key: key.clone(),
+                        value: Vec::new(),
+                        lease: self.lease(),
+                    },
+                    Op::Txn(read_phase(&p)),
+                ],
                 otherwise: vec![],
             })
             .await
             .map_err(Error::store("try read lock"))?;
         if !r.succeeded {
-            return Err(Error::Taken { name: name.to_owned() });
+            return Err(Error::Taken {
+                name: name.to_owned(),
+            });
         }
         let token = phase_token(&r, 1).ok_or(Error::SessionLost)?;
         let mut pending = Pending::new(self, key, claim);
         pending.registered(r.revision);
-        Ok(RwGrant { grant: pending.finish(&p, token), mode: Mode::Read })
+        Ok(RwGrant {
+            grant: pending.finish(&p, token),
+            mode: Mode::Read,
+        })
     }
 
     async fn write_lock(&self, name: &str) -> Result<RwGrant, Error> {
@@ -198,8 +229,13 @@ impl RwLockService for Session {
         let mut pending = Pending::new(self, p.entry(self, "w/"), claim);
         pending.register(b"").await?;
         pending.wait_turn(&p, |_| true).await?;
-        let token = pending.confirm(&p, &writer_epoch(&pending.incarnation().key)).await?;
-        Ok(RwGrant { grant: pending.finish(&p, token), mode: Mode::Write })
+        let token = pending
+            .confirm(&p, &writer_epoch(&pending.incarnation().key))
+            .await?;
+        Ok(RwGrant {
+            grant: pending.finish(&p, token),
+            mode: Mode::Write,
+        })
     }
 
     async fn try_write_lock(&self, name: &str) -> Result<RwGrant, Error> {
@@ -211,18 +247,31 @@ impl RwLockService for Session {
             .txn(Txn {
                 when: vec![Compare::CreateRevisionEq(KeyRange::prefix(p.queue()), 0)],
                 then: vec![
-                    Op::Put { key: key.clone(), value: Vec::new(), lease: self.lease() },
-                    Op::Put { key: p.epoch(), value: writer_epoch(&key), lease: 0 },
+                    Op::Put {
+                        key: key.clone(),
+                        value: Vec::new(),
+                        lease: self.lease(),
+                    },
+                    Op::Put {
+                        key: p.epoch(),
+                        value: writer_epoch(&key),
+                        lease: 0,
+                    },
                 ],
                 otherwise: vec![],
             })
             .await
             .map_err(Error::store("try write lock"))?;
         if !r.succeeded {
-            return Err(Error::Taken { name: name.to_owned() });
+            return Err(Error::Taken {
+                name: name.to_owned(),
+            });
         }
         let mut pending = Pending::new(self, key, claim);
         pending.registered(r.revision);
-        Ok(RwGrant { grant: pending.finish(&p, token(r.revision)), mode: Mode::Write })
+        Ok(RwGrant {
+            grant: pending.finish(&p, token(r.revision)),
+            mode: Mode::Write,
+        })
     }
 }

@@ -43,7 +43,11 @@ impl Default for SessionOptions {
 impl SessionOptions {
     /// TTL 10 s, namespace `/palisade`, a fresh lease.
     pub fn new() -> Self {
-        Self { ttl: DEFAULT_TTL, namespace: DEFAULT_NAMESPACE.to_owned(), lease: None }
+        Self {
+            ttl: DEFAULT_TTL,
+            namespace: DEFAULT_NAMESPACE.to_owned(),
+            lease: None,
+        }
     }
 
     /// Lease TTL: how long the store keeps the session's entries after the last keepalive.
@@ -124,26 +128,41 @@ impl Drop for Inner {
 }
 
 impl Session {
-    pub(crate) async fn start(backend: Arc<dyn Backend>, options: SessionOptions) -> Result<Self, Error> {
+    pub(crate) async fn start(
+        backend: Arc<dyn Backend>,
+        options: SessionOptions,
+    ) -> Result<Self, Error> {
         if options.ttl < Duration::from_secs(1) {
             return Err(Error::InvalidTtl(options.ttl));
         }
         let ttl_secs = options.ttl.as_secs() + u64::from(options.ttl.subsec_nanos() > 0);
         let (lease, granted) = match options.lease {
             Some(id) => {
-                let left = backend.lease_ttl(id).await.map_err(Error::store("lease time-to-live"))?;
+                let left = backend
+                    .lease_ttl(id)
+                    .await
+                    .map_err(Error::store("lease time-to-live"))?;
                 if left <= 0 {
                     return Err(Error::SessionLost);
                 }
                 (id, left)
             }
-            None => backend.lease_grant(ttl_secs as i64).await.map_err(Error::store("lease grant"))?,
+            None => backend
+                .lease_grant(ttl_secs as i64)
+                .await
+                .map_err(Error::store("lease grant"))?,
         };
         let ttl = Duration::from_secs(ttl_secs);
         let (state, _) = watch::channel(SessionState::Alive);
         let state = Arc::new(state);
         let deadline = Instant::now() + Duration::from_secs(granted.max(1) as u64);
-        let keepalive = tokio::spawn(keepalive(Arc::clone(&backend), lease, ttl, deadline, Arc::clone(&state)));
+        let keepalive = tokio::spawn(keepalive(
+            Arc::clone(&backend),
+            lease,
+            ttl,
+            deadline,
+            Arc::clone(&state),
+        ));
         tracing::debug!(lease = format_args!("{lease:x}"), ?ttl, "session started");
         Ok(Self {
             inner: Arc::new(Inner {
@@ -215,7 +234,11 @@ impl Session {
             changed
         });
         self.inner.keepalive.abort();
-        self.inner.backend.lease_revoke(self.inner.lease).await.map_err(Error::store("lease revoke"))
+        self.inner
+            .backend
+            .lease_revoke(self.inner.lease)
+            .await
+            .map_err(Error::store("lease revoke"))
     }
 
     /// Fails unless the session is alive.
@@ -252,17 +275,27 @@ impl Session {
         let mut held = lock(&self.inner.held);
         if let Some(existing) = held.get(path) {
             return Err(if *existing == Role::Read && role == Role::Write {
-                Error::UpgradeNotSupported { name: name.to_owned() }
+                Error::UpgradeNotSupported {
+                    name: name.to_owned(),
+                }
             } else {
-                Error::AlreadyHeld { name: name.to_owned() }
+                Error::AlreadyHeld {
+                    name: name.to_owned(),
+                }
             });
         }
         held.insert(path.to_owned(), role);
-        Ok(Claim { session: self.clone(), path: path.to_owned() })
+        Ok(Claim {
+            session: self.clone(),
+            path: path.to_owned(),
+        })
     }
 
     /// Runs `task` in the background and remembers it for [`Session::settle`].
-    pub(crate) fn spawn_cleanup(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+    pub(crate) fn spawn_cleanup(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             tracing::warn!("no runtime to clean up a queue entry; it goes when the lease does");
             return;
@@ -287,7 +320,9 @@ impl Session {
                 crate::provider::KeyRange::key(incarnation.key.clone()),
                 incarnation.create_revision,
             )],
-            then: vec![Op::Delete { key: incarnation.key.clone() }],
+            then: vec![Op::Delete {
+                key: incarnation.key.clone(),
+            }],
             otherwise: vec![],
         };
         let mut attempt = 0;
@@ -380,7 +415,10 @@ async fn keepalive(
         }
         let sent = Instant::now();
         // After a freeze (SIGSTOP, VM pause) the deadline may already be behind us.
-        let Some(budget) = deadline.checked_duration_since(sent).filter(|b| !b.is_zero()) else {
+        let Some(budget) = deadline
+            .checked_duration_since(sent)
+            .filter(|b| !b.is_zero())
+        else {
             lost(&state, lease, "no keepalive acknowledged within the TTL");
             return;
         };

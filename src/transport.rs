@@ -36,7 +36,8 @@ pub mod grpc {
 
     /// Sets the token on `metadata`, replacing any token already there.
     pub fn stamp_metadata(metadata: &mut MetadataMap, token: FencingToken) {
-        let value = AsciiMetadataValue::try_from(token.get().to_string()).expect("digits are ASCII");
+        let value =
+            AsciiMetadataValue::try_from(token.get().to_string()).expect("digits are ASCII");
         metadata.insert(DEFAULT_HEADER, value);
     }
 
@@ -51,7 +52,9 @@ pub mod grpc {
     /// [`TokenError`] for a malformed or repeated value.
     pub fn read_metadata(metadata: &MetadataMap) -> Result<Option<FencingToken>, TokenError> {
         let mut values = metadata.get_all(DEFAULT_HEADER).iter();
-        let Some(first) = values.next() else { return Ok(None) };
+        let Some(first) = values.next() else {
+            return Ok(None);
+        };
         if values.next().is_some() {
             return Err(TokenError::Repeated);
         }
@@ -68,7 +71,8 @@ pub mod grpc {
             let mut req = tonic::Request::new(());
             stamp_request(&mut req, t);
             assert_eq!(read_metadata(req.metadata()), Ok(Some(t)));
-            req.metadata_mut().append(DEFAULT_HEADER, "51".parse().unwrap());
+            req.metadata_mut()
+                .append(DEFAULT_HEADER, "51".parse().unwrap());
             assert_eq!(read_metadata(req.metadata()), Err(TokenError::Repeated));
             let mut m = MetadataMap::new();
             m.insert(DEFAULT_HEADER, "051".parse().unwrap());
@@ -90,6 +94,10 @@ mod tests {
         assert_eq!(req.headers()[DEFAULT_HEADER], "34");
         assert_eq!(read_headers(req.headers()), Ok(Some(t)));
         stamp_request(&mut req, FencingToken::new(51).unwrap());
-        assert_eq!(read_headers(req.headers()).unwrap().unwrap().get(), 51, "replaced, not appended");
+        assert_eq!(
+            read_headers(req.headers()).unwrap().unwrap().get(),
+            51,
+            "replaced, not appended"
+        );
     }
 }

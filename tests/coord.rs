@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use palisade::provider::etcd::EtcdProvider;
 use palisade::{
-    ElectionService, Error, LockService, MemoryProvider, Mode, Observation, Provider, RwLockService, Session,
-    SessionOptions, SessionState,
+    ElectionService, Error, LockService, MemoryProvider, Mode, Observation, Provider,
+    RwLockService, Session, SessionOptions, SessionState,
 };
 
 const NS: &str = "/t";
@@ -73,13 +73,19 @@ impl Fx {
         match self {
             Fx::Memory(m) => {
                 let c = m.connect();
-                (c.session(Self::options(TTL)).await.unwrap(), Cutter::Memory(c))
+                (
+                    c.session(Self::options(TTL)).await.unwrap(),
+                    Cutter::Memory(c),
+                )
             }
             Fx::Etcd(e, _) => {
                 let cut = netcut::Cut::new(&e.endpoint()).await;
                 let client = etcd::Etcd::client_at(&cut.url()).await;
                 let p = EtcdProvider::new(&client).with_request_timeout(Duration::from_millis(500));
-                (p.session(Self::options(TTL)).await.unwrap(), Cutter::Net(cut))
+                (
+                    p.session(Self::options(TTL)).await.unwrap(),
+                    Cutter::Net(cut),
+                )
             }
         }
     }
@@ -131,7 +137,10 @@ mod suite {
         }
         let order = order.lock().unwrap();
         assert_eq!(order.len(), 200);
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "tokens not strictly increasing: {order:?}");
+        assert!(
+            order.windows(2).all(|w| w[0] < w[1]),
+            "tokens not strictly increasing: {order:?}"
+        );
     }
 
     pub(crate) async fn tokens_increase_across_unlock_and_lease_expiry(fx: &Fx) {
@@ -150,27 +159,48 @@ mod suite {
         let waiter = tokio::spawn(async move { (b.lock("x").await.unwrap(), b) });
         cutter.cut();
         let (next, _b) = waiter.await.unwrap();
-        assert!(next.token() > held.token(), "expiry -> waiter: {} after {}", next.token(), held.token());
+        assert!(
+            next.token() > held.token(),
+            "expiry -> waiter: {} after {}",
+            next.token(),
+            held.token()
+        );
     }
 
-    pub(crate) async fn expired_holder_is_signalled_within_ttl_plus_2s_and_gets_no_more_tokens(fx: &Fx) {
+    pub(crate) async fn expired_holder_is_signalled_within_ttl_plus_2s_and_gets_no_more_tokens(
+        fx: &Fx,
+    ) {
         let (holder, cutter) = fx.cuttable().await;
         let g = holder.lock("x").await.unwrap();
         let mut lost = g.loss_signal();
         let cut_at = Instant::now();
         cutter.cut();
-        let state = tokio::time::timeout(TTL + Duration::from_secs(2), lost.wait()).await.expect("loss signal in time");
+        let state = tokio::time::timeout(TTL + Duration::from_secs(2), lost.wait())
+            .await
+            .expect("loss signal in time");
         assert_eq!(state, SessionState::Lost);
         assert!(cut_at.elapsed() <= TTL + Duration::from_secs(2));
         assert_eq!(holder.state(), SessionState::Lost);
         assert!(matches!(holder.lock("y").await, Err(Error::SessionLost)));
-        assert!(matches!(holder.try_lock("y").await, Err(Error::SessionLost)));
-        assert!(matches!(holder.campaign("e", "v").await, Err(Error::SessionLost)));
+        assert!(matches!(
+            holder.try_lock("y").await,
+            Err(Error::SessionLost)
+        ));
+        assert!(matches!(
+            holder.campaign("e", "v").await,
+            Err(Error::SessionLost)
+        ));
     }
 
     pub(crate) async fn try_lock_race_has_one_winner_and_losers_leave_no_key(fx: &Fx) {
         let sessions = futures_join(5, || fx.session()).await;
-        let results = futures_all(sessions.iter().cloned().map(|s| async move { s.try_lock("race").await })).await;
+        let results = futures_all(
+            sessions
+                .iter()
+                .cloned()
+                .map(|s| async move { s.try_lock("race").await }),
+        )
+        .await;
         let winners: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
         assert_eq!(winners.len(), 1, "{results:?}");
         for r in &results {
@@ -182,7 +212,12 @@ mod suite {
         assert_eq!(keys.len(), 1, "only the winner's entry: {keys:?}");
         // A loser can try again once the winner is gone, and is not behind a phantom entry.
         let winner_idx = results.iter().position(|r| r.is_ok()).unwrap();
-        results[winner_idx].as_ref().unwrap().unlock().await.unwrap();
+        results[winner_idx]
+            .as_ref()
+            .unwrap()
+            .unlock()
+            .await
+            .unwrap();
         let loser = &sessions[(winner_idx + 1) % 5];
         assert!(loser.try_lock("race").await.is_ok());
     }
@@ -192,8 +227,16 @@ mod suite {
         let _g = holder.lock("c").await.unwrap();
         let _l = holder.campaign("c", "leader").await.unwrap();
         let waiter = fx.session().await;
-        assert!(tokio::time::timeout(Duration::from_millis(200), waiter.lock("c")).await.is_err());
-        assert!(tokio::time::timeout(Duration::from_millis(200), waiter.campaign("c", "w")).await.is_err());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), waiter.lock("c"))
+                .await
+                .is_err()
+        );
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), waiter.campaign("c", "w"))
+                .await
+                .is_err()
+        );
         waiter.settle().await;
         let me = lease_hex(&waiter);
         for prefix in [format!("{NS}/lock/c/q/"), format!("{NS}/election/c/q/")] {
@@ -213,7 +256,8 @@ mod suite {
         let (middle, cutter) = fx.cuttable().await;
         let middle_hex = lease_hex(&middle);
         let middle_task = tokio::spawn(async move { middle.lock("w").await.map(|g| g.token()) });
-        fx.wait_present(&format!("{NS}/lock/w/q/"), &middle_hex).await;
+        fx.wait_present(&format!("{NS}/lock/w/q/"), &middle_hex)
+            .await;
         let last = fx.session().await;
         let last_hex = lease_hex(&last);
         let last_task = tokio::spawn(async move { last.lock("w").await.map(|g| (g.token(), g)) });
@@ -222,8 +266,14 @@ mod suite {
         fx.wait_gone(&format!("{NS}/lock/w/q/"), &middle_hex).await;
         // The entry in front of `last` is gone but the holder is alive: `last` keeps waiting.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert!(!last_task.is_finished(), "a waiter acquired while the holder held");
-        assert!(middle_task.await.unwrap().is_err(), "the expired waiter gets no token");
+        assert!(
+            !last_task.is_finished(),
+            "a waiter acquired while the holder held"
+        );
+        assert!(
+            middle_task.await.unwrap().is_err(),
+            "the expired waiter gets no token"
+        );
         let held = g.token();
         g.unlock().await.unwrap();
         let (t, _g) = last_task.await.unwrap().unwrap();
@@ -235,20 +285,37 @@ mod suite {
         let g1 = s.lock("i").await.unwrap();
         let old = g1.incarnation().clone();
         g1.unlock().await.unwrap();
-        assert!(matches!(g1.unlock().await, Err(Error::Released)), "double unlock is defined");
+        assert!(
+            matches!(g1.unlock().await, Err(Error::Released)),
+            "double unlock is defined"
+        );
         let g2 = s.lock("i").await.unwrap();
-        assert_eq!(g2.incarnation().key(), old.key(), "same key, new incarnation");
+        assert_eq!(
+            g2.incarnation().key(),
+            old.key(),
+            "same key, new incarnation"
+        );
         assert!(g2.incarnation().create_revision() > old.create_revision());
-        assert!(!s.release(&old).await.unwrap(), "the retried release deleted nothing");
+        assert!(
+            !s.release(&old).await.unwrap(),
+            "the retried release deleted nothing"
+        );
         let other = fx.session().await;
-        assert!(matches!(other.try_lock("i").await, Err(Error::Taken { .. })), "g2 still holds");
+        assert!(
+            matches!(other.try_lock("i").await, Err(Error::Taken { .. })),
+            "g2 still holds"
+        );
 
         let l1 = s.campaign("i", "a").await.unwrap();
         let old = l1.incarnation().clone();
         l1.resign().await.unwrap();
         let l2 = s.campaign("i", "b").await.unwrap();
         assert!(!s.release(&old).await.unwrap());
-        assert_eq!(s.leader("i").await.unwrap().unwrap().token, l2.token(), "l2 still leads");
+        assert_eq!(
+            s.leader("i").await.unwrap().unwrap().token,
+            l2.token(),
+            "l2 still leads"
+        );
         drop(g2);
     }
 
@@ -256,18 +323,31 @@ mod suite {
         let s = fx.session().await;
         let _g = s.lock("r").await.unwrap();
         assert!(matches!(s.lock("r").await, Err(Error::AlreadyHeld { .. })));
-        assert!(matches!(s.try_lock("r").await, Err(Error::AlreadyHeld { .. })));
+        assert!(matches!(
+            s.try_lock("r").await,
+            Err(Error::AlreadyHeld { .. })
+        ));
         assert!(matches!(s.lock("").await, Err(Error::InvalidName(_))));
         // Names are escaped: "a" and "a/q" never share a queue.
         let _a = s.lock("a").await.unwrap();
         let _aq = s.try_lock("a/q").await.unwrap();
         let bad = match fx {
-            Fx::Memory(m) => m.session(SessionOptions::new().with_ttl(Duration::from_millis(500))).await,
-            Fx::Etcd(_, p) => p.session(SessionOptions::new().with_ttl(Duration::from_millis(500))).await,
+            Fx::Memory(m) => {
+                m.session(SessionOptions::new().with_ttl(Duration::from_millis(500)))
+                    .await
+            }
+            Fx::Etcd(_, p) => {
+                p.session(SessionOptions::new().with_ttl(Duration::from_millis(500)))
+                    .await
+            }
         };
         assert!(matches!(bad, Err(Error::InvalidTtl(_))));
         let fractional = fx.session_ttl(Duration::from_millis(1500)).await;
-        assert_eq!(fractional.ttl(), Duration::from_secs(2), "rounded up to whole seconds");
+        assert_eq!(
+            fractional.ttl(),
+            Duration::from_secs(2),
+            "rounded up to whole seconds"
+        );
     }
 
     pub(crate) async fn close_is_distinct_from_loss_and_revokes_everything(fx: &Fx) {
@@ -277,7 +357,10 @@ mod suite {
         s.close().await.unwrap();
         assert_eq!(signal.wait().await, SessionState::Closed);
         assert!(matches!(s.lock("k2").await, Err(Error::SessionClosed)));
-        assert!(fx.keys(&format!("{NS}/lock/k/q/")).await.is_empty(), "revoke deleted the entry");
+        assert!(
+            fx.keys(&format!("{NS}/lock/k/q/")).await.is_empty(),
+            "revoke deleted the entry"
+        );
         let other = fx.session().await;
         assert!(other.try_lock("k").await.is_ok());
     }
@@ -288,33 +371,68 @@ mod suite {
         let b = r2.read_lock("rw").await.unwrap();
         assert_eq!(a.mode(), Mode::Read);
         assert_eq!(a.token(), b.token(), "one read phase, one token");
-        assert!(matches!(w.try_write_lock("rw").await, Err(Error::Taken { .. })));
-        assert!(fx.keys(&format!("{NS}/rwlock/rw/q/w/")).await.is_empty(), "failed try leaves no key");
+        assert!(matches!(
+            w.try_write_lock("rw").await,
+            Err(Error::Taken { .. })
+        ));
+        assert!(
+            fx.keys(&format!("{NS}/rwlock/rw/q/w/")).await.is_empty(),
+            "failed try leaves no key"
+        );
 
         // The writer waits for every earlier reader.
         let writer = tokio::spawn(async move { (w.write_lock("rw").await.unwrap(), w) });
         fx.wait_present(&format!("{NS}/rwlock/rw/q/w/"), "").await;
         // A reader arriving after the writer queues behind it; try_read refuses.
         let r3 = fx.session().await;
-        assert!(matches!(r3.try_read_lock("rw").await, Err(Error::Taken { .. })));
+        assert!(matches!(
+            r3.try_read_lock("rw").await,
+            Err(Error::Taken { .. })
+        ));
         a.runlock().await.unwrap();
-        assert!(!writer.is_finished(), "writer must wait for the second reader");
+        assert!(
+            !writer.is_finished(),
+            "writer must wait for the second reader"
+        );
         b.runlock().await.unwrap();
         let (wg, w) = writer.await.unwrap();
-        assert!(wg.token() > a.token(), "writer token above the read phase before it");
-        assert!(matches!(r1.try_read_lock("rw").await, Err(Error::Taken { .. })), "writer excludes readers");
+        assert!(
+            wg.token() > a.token(),
+            "writer token above the read phase before it"
+        );
+        assert!(
+            matches!(r1.try_read_lock("rw").await, Err(Error::Taken { .. })),
+            "writer excludes readers"
+        );
 
         // Wrong-role release is refused and the lock stays held.
-        assert!(matches!(wg.runlock().await, Err(Error::WrongMode { held: "write", .. })));
-        assert!(matches!(r1.try_read_lock("rw").await, Err(Error::Taken { .. })));
+        assert!(matches!(
+            wg.runlock().await,
+            Err(Error::WrongMode { held: "write", .. })
+        ));
+        assert!(matches!(
+            r1.try_read_lock("rw").await,
+            Err(Error::Taken { .. })
+        ));
         wg.unlock().await.unwrap();
 
         let next = r1.read_lock("rw").await.unwrap();
-        assert!(next.token() > wg.token(), "the next read phase is above the writer");
-        assert!(matches!(next.unlock().await, Err(Error::WrongMode { held: "read", .. })));
-        assert!(matches!(w.try_write_lock("rw").await, Err(Error::Taken { .. })), "read lock still held");
+        assert!(
+            next.token() > wg.token(),
+            "the next read phase is above the writer"
+        );
+        assert!(matches!(
+            next.unlock().await,
+            Err(Error::WrongMode { held: "read", .. })
+        ));
+        assert!(
+            matches!(w.try_write_lock("rw").await, Err(Error::Taken { .. })),
+            "read lock still held"
+        );
         // Upgrade on one session is refused at once instead of deadlocking.
-        let up = tokio::time::timeout(Duration::from_secs(5), r1.write_lock("rw")).await.expect("no deadlock");
+        let up = tokio::time::timeout(Duration::from_secs(5), r1.write_lock("rw"))
+            .await
+            .expect("no deadlock");
         assert!(matches!(up, Err(Error::UpgradeNotSupported { .. })));
         let also = r2.try_read_lock("rw").await.unwrap();
         assert_eq!(also.token(), next.token());
@@ -335,7 +453,11 @@ mod suite {
         let resigned = Instant::now();
         la.resign().await.unwrap();
         let (lb, _b) = follower.await.unwrap();
-        assert!(resigned.elapsed() < Duration::from_secs(1), "handover took {:?}", resigned.elapsed());
+        assert!(
+            resigned.elapsed() < Duration::from_secs(1),
+            "handover took {:?}",
+            resigned.elapsed()
+        );
         assert!(lb.token() > la.token());
         assert!(matches!(la.proclaim("late").await, Err(Error::Released)));
     }
@@ -346,17 +468,23 @@ mod suite {
         assert_eq!(next(&mut obs).await, Observation::NoLeader);
         let a = fx.session().await;
         let la = a.campaign("o", "a1").await.unwrap();
-        let Observation::Leader(t1) = next(&mut obs).await else { panic!("expected a leader") };
+        let Observation::Leader(t1) = next(&mut obs).await else {
+            panic!("expected a leader")
+        };
         assert_eq!((t1.token, t1.value.as_slice()), (la.token(), &b"a1"[..]));
         la.proclaim("a2").await.unwrap();
-        let Observation::Leader(t2) = next(&mut obs).await else { panic!("expected a proclamation") };
+        let Observation::Leader(t2) = next(&mut obs).await else {
+            panic!("expected a proclamation")
+        };
         assert_eq!((t2.token, t2.value.as_slice()), (la.token(), &b"a2"[..]));
         let b = fx.session().await;
         let follower = tokio::spawn(async move { (b.campaign("o", "b1").await.unwrap(), b) });
-        fx.wait_present(&format!("{NS}/election/o/q/"), &"").await;
+        fx.wait_present(&format!("{NS}/election/o/q/"), "").await;
         la.resign().await.unwrap();
         let (lb, _b) = follower.await.unwrap();
-        let Observation::Leader(t3) = next(&mut obs).await else { panic!("expected the next term") };
+        let Observation::Leader(t3) = next(&mut obs).await else {
+            panic!("expected the next term")
+        };
         assert!(t3.token > t2.token);
         assert_eq!((t3.token, t3.value.as_slice()), (lb.token(), &b"b1"[..]));
         lb.resign().await.unwrap();
@@ -371,7 +499,10 @@ mod suite {
         let attempt = tokio::spawn(async move { cand.campaign("x", "c").await.map(|l| l.token()) });
         fx.wait_present(&format!("{NS}/election/x/q/"), &hex).await;
         cutter.cut();
-        let r = tokio::time::timeout(TTL + Duration::from_secs(2), attempt).await.expect("returns promptly").unwrap();
+        let r = tokio::time::timeout(TTL + Duration::from_secs(2), attempt)
+            .await
+            .expect("returns promptly")
+            .unwrap();
         assert!(matches!(r, Err(Error::SessionLost)), "{r:?}");
         l.resign().await.unwrap();
         assert!(leader.leader("x").await.unwrap().is_none());
@@ -393,7 +524,11 @@ mod suite {
         started.notified().await;
         let cut = Instant::now();
         cutter.cut();
-        let token = tokio::time::timeout(TTL + Duration::from_secs(2), run).await.expect("signal fired").unwrap().unwrap();
+        let token = tokio::time::timeout(TTL + Duration::from_secs(2), run)
+            .await
+            .expect("signal fired")
+            .unwrap()
+            .unwrap();
         assert!(cut.elapsed() <= TTL + Duration::from_secs(2));
         let other = fx.session().await;
         let next = other.campaign("lead", "next").await.unwrap();
@@ -401,7 +536,11 @@ mod suite {
     }
 
     async fn next(obs: &mut palisade::election::Observer) -> Observation {
-        tokio::time::timeout(Duration::from_secs(5), obs.next()).await.expect("an observation").unwrap().unwrap()
+        tokio::time::timeout(Duration::from_secs(5), obs.next())
+            .await
+            .expect("an observation")
+            .unwrap()
+            .unwrap()
     }
 
     async fn futures_join<F, Fut>(n: usize, f: F) -> Vec<Session>
@@ -436,7 +575,10 @@ impl Fx {
     async fn wait_present(&self, prefix: &str, needle: &str) {
         let started = Instant::now();
         while !self.keys(prefix).await.iter().any(|k| k.contains(needle)) {
-            assert!(started.elapsed() < Duration::from_secs(5), "{needle} never appeared under {prefix}");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{needle} never appeared under {prefix}"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -479,3 +621,234 @@ both_providers!(
     a_candidate_whose_session_expires_never_leads,
     lead_cancels_the_work_when_leadership_is_lost,
 );
+
+/// Real process crashes, against etcd only: the holder is `examples/lock.rs` or
+/// `examples/election.rs` running as a child process.
+mod processes {
+    use std::io::{BufRead, BufReader};
+    use std::path::PathBuf;
+    use std::process::{Child, Command, Stdio};
+
+    use tokio::sync::mpsc;
+
+    use super::*;
+
+    struct Proc {
+        child: Child,
+        lines: mpsc::UnboundedReceiver<String>,
+    }
+
+    impl Proc {
+        fn start(example: &str, etcd: &etcd::Etcd, name: &str) -> Proc {
+            // Examples are built next to the test binary: target/<profile>/examples/<name>.
+            let exe = std::env::current_exe().unwrap();
+            let path: PathBuf = exe
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("examples")
+                .join(example);
+            assert!(
+                path.exists(),
+                "{} is not built (cargo test --all-features --all-targets builds it)",
+                path.display()
+            );
+            let mut child = Command::new(path)
+                .args([
+                    "--endpoint",
+                    &etcd.endpoint(),
+                    "--name",
+                    name,
+                    "--ttl",
+                    "2",
+                    "--namespace",
+                    NS,
+                ])
+                .args(["--hold-secs", "120", "--lead-secs", "120"])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let out = child.stdout.take().unwrap();
+            let (tx, lines) = mpsc::unbounded_channel();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        return;
+                    }
+                }
+            });
+            Proc { child, lines }
+        }
+
+        async fn line(&mut self, within: Duration) -> String {
+            tokio::time::timeout(within, self.lines.recv())
+                .await
+                .expect("a line in time")
+                .expect("the process is alive")
+        }
+
+        async fn token(&mut self, prefix: &str) -> u64 {
+            loop {
+                let l = self.line(Duration::from_secs(10)).await;
+                if let Some(t) = l.strip_prefix(prefix) {
+                    return t.parse().unwrap();
+                }
+            }
+        }
+
+        fn signal(&self, sig: &str) {
+            let ok = Command::new("kill")
+                .args([sig, &self.child.id().to_string()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig}");
+        }
+    }
+
+    impl Drop for Proc {
+        fn drop(&mut self) {
+            self.signal("-CONT");
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    async fn fx() -> Fx {
+        Fx::etcd().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sigstopped_holder_is_replaced_with_a_higher_token_and_learns_it_lost() {
+        let fx = fx().await;
+        let Fx::Etcd(etcd, _) = &fx else {
+            unreachable!()
+        };
+        let mut holder = Proc::start("lock", etcd, "stop");
+        let t1 = holder.token("token=").await;
+        holder.signal("-STOP");
+        let waiter = fx.session().await;
+        let g = tokio::time::timeout(TTL * 3, waiter.lock("stop"))
+            .await
+            .expect("the waiter takes over")
+            .unwrap();
+        assert!(g.token().get() > t1, "{} after {t1}", g.token());
+        holder.signal("-CONT");
+        assert_eq!(
+            holder.line(Duration::from_secs(2)).await,
+            "lost",
+            "the zombie learns within 2 s of waking"
+        );
+        let relock = holder.line(Duration::from_secs(5)).await;
+        assert_eq!(
+            relock, "relock=the session's lease is lost",
+            "no token from a lost session"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_sigkilled_holder_is_replaced_within_ttl_plus_2s_with_a_higher_token() {
+        let fx = fx().await;
+        let Fx::Etcd(etcd, _) = &fx else {
+            unreachable!()
+        };
+        let mut holder = Proc::start("lock", etcd, "kill");
+        let t1 = holder.token("token=").await;
+        let waiter = fx.session().await;
+        let pending =
+            tokio::spawn(async move { waiter.lock("kill").await.map(|g| (g.token(), g)) });
+        holder.signal("-KILL");
+        let killed = Instant::now();
+        let (t2, _g) = tokio::time::timeout(TTL + Duration::from_secs(2), pending)
+            .await
+            .expect("in time")
+            .unwrap()
+            .unwrap();
+        assert!(killed.elapsed() <= TTL + Duration::from_secs(2));
+        assert!(t2.get() > t1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_follower_leads_within_ttl_plus_2s_after_the_leader_is_killed() {
+        let fx = fx().await;
+        let Fx::Etcd(etcd, _) = &fx else {
+            unreachable!()
+        };
+        let mut leader = Proc::start("election", etcd, "jobs");
+        let t1 = leader.token("leader token=").await;
+        let follower = fx.session().await;
+        let mut obs = follower.observe("jobs").await.unwrap();
+        let campaign = {
+            let f = follower.clone();
+            tokio::spawn(
+                async move { f.campaign("jobs", "follower").await.map(|l| (l.token(), l)) },
+            )
+        };
+        leader.signal("-KILL");
+        let killed = Instant::now();
+        let (t2, _l) = tokio::time::timeout(TTL + Duration::from_secs(2), campaign)
+            .await
+            .expect("in time")
+            .unwrap()
+            .unwrap();
+        assert!(killed.elapsed() <= TTL + Duration::from_secs(2));
+        assert!(t2.get() > t1);
+        let mut seen = Vec::new();
+        while let Ok(Some(Ok(o))) =
+            tokio::time::timeout(Duration::from_millis(500), obs.next()).await
+        {
+            if let Observation::Leader(t) = o {
+                seen.push(t.token.get());
+            }
+        }
+        assert_eq!(
+            seen.last(),
+            Some(&t2.get()),
+            "observers see the new term: {seen:?}"
+        );
+        assert!(
+            seen.windows(2).all(|w| w[0] < w[1]),
+            "terms in increasing order: {seen:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn locks_on_a_three_node_cluster_exclude_and_order_tokens_across_nodes() {
+        let etcd = etcd::Etcd::cluster().await;
+        let mut sessions = Vec::new();
+        for url in etcd.endpoints() {
+            let client = etcd::Etcd::client_at(&url).await;
+            sessions.push(
+                EtcdProvider::new(&client)
+                    .session(Fx::options(TTL))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let inside = Arc::new(AtomicBool::new(false));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let tasks: Vec<_> = sessions
+            .into_iter()
+            .map(|s| {
+                let (inside, order) = (inside.clone(), order.clone());
+                tokio::spawn(async move {
+                    for _ in 0..10 {
+                        let g = s.lock("cluster").await.unwrap();
+                        assert!(!inside.swap(true, Ordering::SeqCst));
+                        order.lock().unwrap().push(g.token().get());
+                        inside.store(false, Ordering::SeqCst);
+                        g.unlock().await.unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let order = order.lock().unwrap();
+        assert_eq!(order.len(), 30);
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
+    }
+}

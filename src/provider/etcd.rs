@@ -44,7 +44,9 @@ struct Inner {
 
 impl std::fmt::Debug for EtcdProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdProvider").field("timeout", &self.inner.timeout).finish_non_exhaustive()
+        f.debug_struct("EtcdProvider")
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
     }
 }
 
@@ -60,7 +62,13 @@ impl EtcdProvider {
     }
 
     fn build(client: Client, timeout: Duration) -> Self {
-        Self { inner: Arc::new(Inner { client, timeout, keepers: tokio::sync::Mutex::default() }) }
+        Self {
+            inner: Arc::new(Inner {
+                client,
+                timeout,
+                keepers: tokio::sync::Mutex::default(),
+            }),
+        }
     }
 
     async fn bounded<T, F>(&self, f: F) -> Result<T, BackendError>
@@ -79,7 +87,14 @@ fn map_err(e: etcd_client::Error) -> BackendError {
     use tonic::Code;
     match e {
         E::GRpcStatus(s)
-            if matches!(s.code(), Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted | Code::Unknown) =>
+            if matches!(
+                s.code(),
+                Code::Unavailable
+                    | Code::DeadlineExceeded
+                    | Code::Cancelled
+                    | Code::Aborted
+                    | Code::Unknown
+            ) =>
         {
             BackendError::Unavailable(Box::new(s))
         }
@@ -89,6 +104,15 @@ fn map_err(e: etcd_client::Error) -> BackendError {
         E::WatchError(m) | E::LeaseKeepAliveError(m) => BackendError::Unavailable(m.into()),
         other => BackendError::Refused(Box::new(other)),
     }
+}
+
+/// Whether a transaction can write (only read-only ones are retried).
+fn writes(txn: &Txn) -> bool {
+    txn.then.iter().chain(&txn.otherwise).any(|op| match op {
+        Op::Put { .. } | Op::Delete { .. } => true,
+        Op::Range { .. } => false,
+        Op::Txn(t) => writes(t),
+    })
 }
 
 fn to_etcd(txn: &Txn) -> EtcdTxn {
@@ -103,7 +127,9 @@ fn to_etcd(txn: &Txn) -> EtcdTxn {
                     None => c,
                 }
             }
-            Compare::ValueEq(key, value) => EtcdCompare::value(key.as_str(), CompareOp::Equal, value.clone()),
+            Compare::ValueEq(key, value) => {
+                EtcdCompare::value(key.as_str(), CompareOp::Equal, value.clone())
+            }
         })
         .collect();
     let ops = |ops: &[Op]| -> Vec<TxnOp> {
@@ -113,7 +139,12 @@ fn to_etcd(txn: &Txn) -> EtcdTxn {
                     let opts = (*lease != 0).then(|| PutOptions::new().with_lease(*lease));
                     TxnOp::put(key.as_str(), value.clone(), opts)
                 }
-                Op::Range { range, sort, limit, max_create_revision } => {
+                Op::Range {
+                    range,
+                    sort,
+                    limit,
+                    max_create_revision,
+                } => {
                     let mut o = GetOptions::new();
                     if let Some(end) = &range.end {
                         o = o.with_range(end.as_str());
@@ -138,7 +169,10 @@ fn to_etcd(txn: &Txn) -> EtcdTxn {
             })
             .collect()
     };
-    EtcdTxn::new().when(when).and_then(ops(&txn.then)).or_else(ops(&txn.otherwise))
+    EtcdTxn::new()
+        .when(when)
+        .and_then(ops(&txn.then))
+        .or_else(ops(&txn.otherwise))
 }
 
 fn kv(k: &etcd_client::KeyValue) -> Kv {
@@ -163,7 +197,11 @@ fn from_etcd(r: &EtcdTxnResponse, outer_revision: Revision) -> TxnResponse {
             TxnOpResponse::Txn(t) => OpResponse::Txn(from_etcd(t, revision)),
         })
         .collect();
-    TxnResponse { succeeded: r.succeeded(), revision, responses }
+    TxnResponse {
+        succeeded: r.succeeded(),
+        revision,
+        responses,
+    }
 }
 
 struct EtcdEvents(WatchStream);
@@ -206,7 +244,7 @@ impl Events for EtcdEvents {
 impl Backend for EtcdProvider {
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResponse, BackendError>> {
         Box::pin(async move {
-            let read_only = !txn.writes();
+            let read_only = !writes(&txn);
             let request = to_etcd(&txn);
             let mut attempt = 0;
             loop {
@@ -224,14 +262,20 @@ impl Backend for EtcdProvider {
         })
     }
 
-    fn watch(&self, range: KeyRange, from: Revision) -> BoxFuture<'_, Result<Box<dyn Events>, BackendError>> {
+    fn watch(
+        &self,
+        range: KeyRange,
+        from: Revision,
+    ) -> BoxFuture<'_, Result<Box<dyn Events>, BackendError>> {
         Box::pin(async move {
             let mut opts = WatchOptions::new().with_start_revision(from);
             if let Some(end) = &range.end {
                 opts = opts.with_range(end.as_str());
             }
             let mut client = self.inner.client.clone();
-            let stream = self.bounded(client.watch(range.start.as_str(), Some(opts))).await?;
+            let stream = self
+                .bounded(client.watch(range.start.as_str(), Some(opts)))
+                .await?;
             Ok(Box::new(EtcdEvents(stream)) as Box<dyn Events>)
         })
     }
@@ -247,12 +291,13 @@ impl Backend for EtcdProvider {
     fn lease_keepalive(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>> {
         Box::pin(async move {
             let mut keepers = self.inner.keepers.lock().await;
-            if !keepers.contains_key(&lease) {
-                let mut client = self.inner.client.clone();
-                let pair = self.bounded(client.lease_keep_alive(lease)).await?;
-                keepers.insert(lease, pair);
-            }
-            let (keeper, stream) = keepers.get_mut(&lease).expect("inserted above");
+            let (keeper, stream) = match keepers.entry(lease) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    let mut client = self.inner.client.clone();
+                    v.insert(self.bounded(client.lease_keep_alive(lease)).await?)
+                }
+            };
             let round = async {
                 keeper.keep_alive().await?;
                 stream.message().await
@@ -295,7 +340,10 @@ impl Backend for EtcdProvider {
 }
 
 impl Provider for EtcdProvider {
-    fn session(&self, options: SessionOptions) -> impl Future<Output = Result<Session, Error>> + Send {
+    fn session(
+        &self,
+        options: SessionOptions,
+    ) -> impl Future<Output = Result<Session, Error>> + Send {
         Session::start(Arc::new(self.clone()), options)
     }
 }

@@ -37,7 +37,10 @@ impl std::fmt::Debug for MemoryProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryProvider")
             .field("client", &self.client.id)
-            .field("partitioned", &self.client.partitioned.load(Ordering::Relaxed))
+            .field(
+                "partitioned",
+                &self.client.partitioned.load(Ordering::Relaxed),
+            )
             .finish()
     }
 }
@@ -86,7 +89,10 @@ impl MemoryProvider {
     /// A new, empty store and a first client of it.
     pub fn new() -> Self {
         let store = Arc::new(Store {
-            state: Mutex::new(State { next_lease: 0x1000, ..State::default() }),
+            state: Mutex::new(State {
+                next_lease: 0x1000,
+                ..State::default()
+            }),
             next_client: AtomicU64::new(0),
             reaper_started: AtomicBool::new(false),
         });
@@ -95,7 +101,13 @@ impl MemoryProvider {
 
     fn client_of(store: Arc<Store>) -> Self {
         let id = store.next_client.fetch_add(1, Ordering::Relaxed);
-        Self { store, client: Arc::new(ClientState { id, partitioned: AtomicBool::new(false) }) }
+        Self {
+            store,
+            client: Arc::new(ClientState {
+                id,
+                partitioned: AtomicBool::new(false),
+            }),
+        }
     }
 
     /// Another client of the same store, with its own partition switch (another "process").
@@ -122,12 +134,20 @@ impl MemoryProvider {
     /// Every key under `prefix`, for inspection in tests.
     pub fn keys(&self, prefix: &str) -> Vec<String> {
         let range = KeyRange::prefix(prefix);
-        self.store.lock().kvs.keys().filter(|k| range.contains(k)).cloned().collect()
+        self.store
+            .lock()
+            .kvs
+            .keys()
+            .filter(|k| range.contains(k))
+            .cloned()
+            .collect()
     }
 
     fn check(&self) -> Result<(), BackendError> {
         if self.client.partitioned.load(Ordering::SeqCst) {
-            return Err(BackendError::Unavailable("memory provider client is partitioned".into()));
+            return Err(BackendError::Unavailable(
+                "memory provider client is partitioned".into(),
+            ));
         }
         Ok(())
     }
@@ -143,8 +163,12 @@ impl MemoryProvider {
                 let Some(store) = weak.upgrade() else { return };
                 let mut st = store.lock();
                 let now = Instant::now();
-                let expired: Vec<LeaseId> =
-                    st.leases.iter().filter(|(_, l)| l.deadline <= now).map(|(id, _)| *id).collect();
+                let expired: Vec<LeaseId> = st
+                    .leases
+                    .iter()
+                    .filter(|(_, l)| l.deadline <= now)
+                    .map(|(id, _)| *id)
+                    .collect();
                 for id in expired {
                     st.revoke(id);
                 }
@@ -183,7 +207,13 @@ impl State {
         }
     }
 
-    fn range(&self, range: &KeyRange, sort: Option<SortByCreate>, limit: i64, max_create: Revision) -> Vec<Kv> {
+    fn range(
+        &self,
+        range: &KeyRange,
+        sort: Option<SortByCreate>,
+        limit: i64,
+        max_create: Revision,
+    ) -> Vec<Kv> {
         let mut out: Vec<Kv> = self
             .kvs
             .range(range.start.clone()..)
@@ -193,7 +223,9 @@ impl State {
             .collect();
         match sort {
             Some(SortByCreate::Ascending) => out.sort_by_key(|kv| kv.create_revision),
-            Some(SortByCreate::Descending) => out.sort_by_key(|kv| std::cmp::Reverse(kv.create_revision)),
+            Some(SortByCreate::Descending) => {
+                out.sort_by_key(|kv| std::cmp::Reverse(kv.create_revision))
+            }
             None => {}
         }
         if limit > 0 {
@@ -203,7 +235,12 @@ impl State {
     }
 
     /// Applies `txn` at revision `rev` (the revision its writes get), collecting events.
-    fn apply(&mut self, txn: &Txn, rev: Revision, events: &mut Vec<Event>) -> Result<(bool, Vec<OpResponse>), BackendError> {
+    fn apply(
+        &mut self,
+        txn: &Txn,
+        rev: Revision,
+        events: &mut Vec<Event>,
+    ) -> Result<(bool, Vec<OpResponse>), BackendError> {
         let ok = txn.when.iter().all(|c| self.compare(c));
         let ops = if ok { &txn.then } else { &txn.otherwise };
         let mut out = Vec::with_capacity(ops.len());
@@ -222,29 +259,56 @@ impl State {
                         }
                     }
                     if *lease != 0 {
-                        self.leases.get_mut(lease).expect("checked above").keys.insert(key.clone());
+                        self.leases
+                            .get_mut(lease)
+                            .expect("checked above")
+                            .keys
+                            .insert(key.clone());
                     }
-                    let kv = Kv { key: key.clone(), value: value.clone(), create_revision, mod_revision: rev, lease: *lease };
+                    let kv = Kv {
+                        key: key.clone(),
+                        value: value.clone(),
+                        create_revision,
+                        mod_revision: rev,
+                        lease: *lease,
+                    };
                     self.kvs.insert(key.clone(), kv.clone());
-                    events.push(Event { kind: EventKind::Put, kv });
+                    events.push(Event {
+                        kind: EventKind::Put,
+                        kv,
+                    });
                     OpResponse::Put
                 }
-                Op::Range { range, sort, limit, max_create_revision } => {
-                    OpResponse::Range(self.range(range, *sort, *limit, *max_create_revision))
-                }
+                Op::Range {
+                    range,
+                    sort,
+                    limit,
+                    max_create_revision,
+                } => OpResponse::Range(self.range(range, *sort, *limit, *max_create_revision)),
                 Op::Delete { key } => match self.kvs.remove(key) {
                     Some(kv) => {
                         if let Some(l) = self.leases.get_mut(&kv.lease) {
                             l.keys.remove(key);
                         }
-                        events.push(Event { kind: EventKind::Delete, kv: Kv { value: Vec::new(), mod_revision: rev, ..kv } });
+                        events.push(Event {
+                            kind: EventKind::Delete,
+                            kv: Kv {
+                                value: Vec::new(),
+                                mod_revision: rev,
+                                ..kv
+                            },
+                        });
                         OpResponse::Delete
                     }
                     None => OpResponse::Delete,
                 },
                 Op::Txn(inner) => {
                     let (succeeded, responses) = self.apply(inner, rev, events)?;
-                    OpResponse::Txn(TxnResponse { succeeded, revision: rev, responses })
+                    OpResponse::Txn(TxnResponse {
+                        succeeded,
+                        revision: rev,
+                        responses,
+                    })
                 }
             });
         }
@@ -256,7 +320,11 @@ impl State {
             return;
         }
         self.watchers.retain(|w| {
-            let mine: Vec<Event> = events.iter().filter(|e| w.range.contains(&e.kv.key)).cloned().collect();
+            let mine: Vec<Event> = events
+                .iter()
+                .filter(|e| w.range.contains(&e.kv.key))
+                .cloned()
+                .collect();
             mine.is_empty() || w.tx.send(mine).is_ok()
         });
         for e in events {
@@ -270,7 +338,9 @@ impl State {
     }
 
     fn revoke(&mut self, id: LeaseId) -> bool {
-        let Some(lease) = self.leases.remove(&id) else { return false };
+        let Some(lease) = self.leases.remove(&id) else {
+            return false;
+        };
         if lease.keys.is_empty() {
             return true;
         }
@@ -279,7 +349,14 @@ impl State {
         let mut events = Vec::new();
         for key in lease.keys {
             if let Some(kv) = self.kvs.remove(&key) {
-                events.push(Event { kind: EventKind::Delete, kv: Kv { value: Vec::new(), mod_revision: rev, ..kv } });
+                events.push(Event {
+                    kind: EventKind::Delete,
+                    kv: Kv {
+                        value: Vec::new(),
+                        mod_revision: rev,
+                        ..kv
+                    },
+                });
             }
         }
         self.publish(events);
@@ -306,12 +383,20 @@ impl Backend for MemoryProvider {
                 st.revision = rev;
             }
             st.publish(events);
-            Ok(TxnResponse { succeeded, revision: st.revision, responses })
+            Ok(TxnResponse {
+                succeeded,
+                revision: st.revision,
+                responses,
+            })
         });
         Box::pin(async move { result })
     }
 
-    fn watch(&self, range: KeyRange, from: Revision) -> BoxFuture<'_, Result<Box<dyn Events>, BackendError>> {
+    fn watch(
+        &self,
+        range: KeyRange,
+        from: Revision,
+    ) -> BoxFuture<'_, Result<Box<dyn Events>, BackendError>> {
         let result = self.check().and_then(|()| {
             let mut st = self.store.lock();
             if from <= st.compacted {
@@ -327,7 +412,11 @@ impl Backend for MemoryProvider {
             if !past.is_empty() {
                 let _ = tx.send(past);
             }
-            st.watchers.push(Watcher { client: self.client.id, range, tx });
+            st.watchers.push(Watcher {
+                client: self.client.id,
+                range,
+                tx,
+            });
             Ok(Box::new(MemEvents(rx)) as Box<dyn Events>)
         });
         Box::pin(async move { result })
@@ -340,7 +429,14 @@ impl Backend for MemoryProvider {
             st.next_lease += 1;
             let id = st.next_lease;
             let deadline = Instant::now() + Duration::from_secs(ttl_secs as u64);
-            st.leases.insert(id, Lease { ttl: ttl_secs, deadline, keys: BTreeSet::new() });
+            st.leases.insert(
+                id,
+                Lease {
+                    ttl: ttl_secs,
+                    deadline,
+                    keys: BTreeSet::new(),
+                },
+            );
             (id, ttl_secs)
         });
         Box::pin(async move { result })
@@ -380,7 +476,10 @@ impl Backend for MemoryProvider {
 }
 
 impl Provider for MemoryProvider {
-    fn session(&self, options: SessionOptions) -> impl std::future::Future<Output = Result<Session, Error>> + Send {
+    fn session(
+        &self,
+        options: SessionOptions,
+    ) -> impl std::future::Future<Output = Result<Session, Error>> + Send {
         Session::start(Arc::new(self.clone()), options)
     }
 }
@@ -393,7 +492,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_lease_without_keepalives_expires_on_tokio_time() {
         let p = MemoryProvider::new();
-        let s = p.session(SessionOptions::new().with_ttl(Duration::from_secs(3))).await.unwrap();
+        let s = p
+            .session(SessionOptions::new().with_ttl(Duration::from_secs(3)))
+            .await
+            .unwrap();
         let g = s.lock("a").await.unwrap();
         assert_eq!(p.keys("/palisade/lock/a/q/").len(), 1);
         p.set_partitioned(true);
@@ -401,6 +503,9 @@ mod tests {
         assert_eq!(lost.wait().await, crate::SessionState::Lost);
         tokio::time::sleep(Duration::from_secs(1)).await;
         p.set_partitioned(false);
-        assert!(p.keys("/palisade/lock/a/q/").is_empty(), "the store expired the lease");
+        assert!(
+            p.keys("/palisade/lock/a/q/").is_empty(),
+            "the store expired the lease"
+        );
     }
 }

@@ -26,7 +26,10 @@ pub trait Provider: Send + Sync {
     ///
     /// # Errors
     /// [`Error::InvalidTtl`], or the provider's error when the lease cannot be granted.
-    fn session(&self, options: SessionOptions) -> impl Future<Output = Result<Session, Error>> + Send;
+    fn session(
+        &self,
+        options: SessionOptions,
+    ) -> impl Future<Output = Result<Session, Error>> + Send;
 }
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -55,13 +58,19 @@ pub(crate) struct KeyRange {
 
 impl KeyRange {
     pub(crate) fn key(k: impl Into<String>) -> Self {
-        Self { start: k.into(), end: None }
+        Self {
+            start: k.into(),
+            end: None,
+        }
     }
 
     pub(crate) fn prefix(p: impl Into<String>) -> Self {
         let start = p.into();
         let end = prefix_end(&start);
-        Self { start, end: Some(end) }
+        Self {
+            start,
+            end: Some(end),
+        }
     }
 
     pub(crate) fn contains(&self, k: &str) -> bool {
@@ -102,22 +111,30 @@ pub(crate) enum SortByCreate {
 
 #[derive(Debug, Clone)]
 pub(crate) enum Op {
-    Put { key: String, value: Vec<u8>, lease: LeaseId },
-    Range { range: KeyRange, sort: Option<SortByCreate>, limit: i64, max_create_revision: Revision },
-    Delete { key: String },
+    Put {
+        key: String,
+        value: Vec<u8>,
+        lease: LeaseId,
+    },
+    Range {
+        range: KeyRange,
+        sort: Option<SortByCreate>,
+        limit: i64,
+        max_create_revision: Revision,
+    },
+    Delete {
+        key: String,
+    },
     Txn(Txn),
 }
 
 impl Op {
     pub(crate) fn get(key: impl Into<String>) -> Self {
-        Op::Range { range: KeyRange::key(key), sort: None, limit: 0, max_create_revision: 0 }
-    }
-
-    fn writes(&self) -> bool {
-        match self {
-            Op::Put { .. } | Op::Delete { .. } => true,
-            Op::Range { .. } => false,
-            Op::Txn(t) => t.writes(),
+        Op::Range {
+            range: KeyRange::key(key),
+            sort: None,
+            limit: 0,
+            max_create_revision: 0,
         }
     }
 }
@@ -127,12 +144,6 @@ pub(crate) struct Txn {
     pub(crate) when: Vec<Compare>,
     pub(crate) then: Vec<Op>,
     pub(crate) otherwise: Vec<Op>,
-}
-
-impl Txn {
-    pub(crate) fn writes(&self) -> bool {
-        self.then.iter().chain(&self.otherwise).any(Op::writes)
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -204,7 +215,10 @@ pub enum BackendError {
 impl BackendError {
     /// Whether repeating an idempotent request may succeed.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(self, BackendError::Unavailable(_) | BackendError::Timeout(_))
+        matches!(
+            self,
+            BackendError::Unavailable(_) | BackendError::Timeout(_)
+        )
     }
 }
 
@@ -212,7 +226,11 @@ impl BackendError {
 pub(crate) trait Backend: Send + Sync + 'static {
     fn txn(&self, txn: Txn) -> BoxFuture<'_, Result<TxnResponse, BackendError>>;
     /// Events on `range` from revision `from` (inclusive) on.
-    fn watch(&self, range: KeyRange, from: Revision) -> BoxFuture<'_, Result<Box<dyn Events>, BackendError>>;
+    fn watch(
+        &self,
+        range: KeyRange,
+        from: Revision,
+    ) -> BoxFuture<'_, Result<Box<dyn Events>, BackendError>>;
     fn lease_grant(&self, ttl_secs: i64) -> BoxFuture<'_, Result<(LeaseId, i64), BackendError>>;
     /// Renews the lease; the remaining TTL in seconds, 0 when the lease no longer exists.
     fn lease_keepalive(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>>;

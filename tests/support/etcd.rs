@@ -22,7 +22,9 @@ struct Node {
 }
 
 fn binary() -> PathBuf {
-    let bin = std::env::var_os("ETCD_BIN").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
+    let bin = std::env::var_os("ETCD_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/usr/bin/etcd"));
     assert!(
         bin.exists(),
         "etcd is not installed at {}: install it with `apt-get install -y etcd-server` \
@@ -33,7 +35,11 @@ fn binary() -> PathBuf {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 impl Etcd {
@@ -51,7 +57,11 @@ impl Etcd {
         let bin = binary();
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let initial: Vec<String> = ports.iter().enumerate().map(|(i, (_, peer))| format!("n{i}=http://127.0.0.1:{peer}")).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("n{i}=http://127.0.0.1:{peer}"))
+            .collect();
         let initial = initial.join(",");
         let token = format!("palisade-test-{}", ports[0].0);
         let nodes = ports
@@ -62,14 +72,21 @@ impl Etcd {
                 let peer_url = format!("http://127.0.0.1:{peer}");
                 let child = Command::new(&bin)
                     .arg(format!("--name=n{i}"))
-                    .arg(format!("--data-dir={}", dir.path().join(format!("n{i}")).display()))
+                    .arg(format!(
+                        "--data-dir={}",
+                        dir.path().join(format!("n{i}")).display()
+                    ))
                     .arg(format!("--listen-client-urls={client_url}"))
                     .arg(format!("--advertise-client-urls={client_url}"))
                     .arg(format!("--listen-peer-urls={peer_url}"))
                     .arg(format!("--initial-advertise-peer-urls={peer_url}"))
                     .arg(format!("--initial-cluster={initial}"))
                     .arg(format!("--initial-cluster-token={token}"))
-                    .args(["--initial-cluster-state=new", "--heartbeat-interval=10", "--election-timeout=100"])
+                    .args([
+                        "--initial-cluster-state=new",
+                        "--heartbeat-interval=10",
+                        "--election-timeout=100",
+                    ])
                     .args(["--logger=zap", "--log-level=error"])
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
@@ -91,7 +108,10 @@ impl Etcd {
                     return;
                 }
             }
-            assert!(started.elapsed() < Duration::from_secs(20), "etcd did not become ready in 20 s");
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "etcd did not become ready in 20 s"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -105,7 +125,9 @@ impl Etcd {
     }
 
     pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect(self.endpoints(), None).await.unwrap()
+        etcd_client::Client::connect(self.endpoints(), None)
+            .await
+            .unwrap()
     }
 
     /// A client of node 0 reached through `url` (for example a [`super::netcut::Cut`]).
@@ -116,8 +138,21 @@ impl Etcd {
     /// Keys under `prefix`.
     pub async fn keys(&self, prefix: &str) -> Vec<String> {
         let mut c = self.client().await;
-        let r = c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
-        r.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect()
+        let r = c
+            .get(
+                prefix,
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_keys_only(),
+                ),
+            )
+            .await
+            .unwrap();
+        r.kvs()
+            .iter()
+            .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+            .collect()
     }
 }
 

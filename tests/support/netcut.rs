@@ -26,7 +26,9 @@ impl Cut {
         let c = Arc::clone(&cut);
         let task = tokio::spawn(async move {
             loop {
-                let Ok((inbound, _)) = listener.accept().await else { return };
+                let Ok((inbound, _)) = listener.accept().await else {
+                    return;
+                };
                 if *c.borrow() {
                     drop(inbound);
                     continue;
@@ -34,7 +36,9 @@ impl Cut {
                 let mut stop = c.subscribe();
                 let target = target.clone();
                 tokio::spawn(async move {
-                    let Ok(outbound) = TcpStream::connect(&target).await else { return };
+                    let Ok(outbound) = TcpStream::connect(&target).await else {
+                        return;
+                    };
                     let (mut ri, mut wi) = inbound.into_split();
                     let (mut ro, mut wo) = outbound.into_split();
                     tokio::select! {
@@ -45,7 +49,11 @@ impl Cut {
                 });
             }
         });
-        Cut { addr, cut, _task: task }
+        Cut {
+            addr,
+            cut,
+            _task: task,
+        }
     }
 
     pub fn url(&self) -> String {
