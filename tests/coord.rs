@@ -39,6 +39,13 @@ impl Cutter {
             Cutter::Net(n) => n.cut(),
         }
     }
+
+    fn heal(&self) {
+        match self {
+            Cutter::Memory(m) => m.set_partitioned(false),
+            Cutter::Net(n) => n.heal(),
+        }
+    }
 }
 
 impl Fx {
@@ -535,6 +542,41 @@ mod suite {
         assert!(next.token() > token);
     }
 
+    pub(crate) async fn a_waiter_survives_a_short_disconnect(fx: &Fx) {
+        let holder = fx.session().await;
+        let g = holder.lock("d").await.unwrap();
+        let (waiter, cutter) = fx.cuttable().await;
+        let hex = lease_hex(&waiter);
+        let task = tokio::spawn(async move { waiter.lock("d").await.map(|g| (g.token(), g)) });
+        fx.wait_present(&format!("{NS}/lock/d/q/"), &hex).await;
+        // Shorter than the TTL: the lease survives, the waiter's watch breaks and is re-created.
+        cutter.cut();
+        tokio::time::sleep(TTL / 4).await;
+        cutter.heal();
+        let held = g.token();
+        g.unlock().await.unwrap();
+        let (t, _g) = tokio::time::timeout(TTL * 2, task).await.expect("the waiter acquires").unwrap().unwrap();
+        assert!(t > held);
+    }
+
+    pub(crate) async fn a_session_resumes_its_lease_but_not_a_revoked_one(fx: &Fx) {
+        let first = fx.session().await;
+        let id = first.lease_id();
+        let resume = |id| async move {
+            match fx {
+                Fx::Memory(m) => m.session(Fx::options(TTL).with_lease(id)).await,
+                Fx::Etcd(_, p) => p.session(Fx::options(TTL).with_lease(id)).await,
+            }
+        };
+        let again = resume(id).await.unwrap();
+        assert_eq!(again.lease_id(), id);
+        let g = again.lock("resume").await.unwrap();
+        assert!(fx.keys(&format!("{NS}/lock/resume/q/")).await[0].ends_with(&lease_hex(&first)));
+        drop(g);
+        again.close().await.unwrap();
+        assert!(matches!(resume(id).await, Err(Error::SessionLost)), "a revoked lease cannot be resumed");
+    }
+
     async fn next(obs: &mut palisade::election::Observer) -> Observation {
         tokio::time::timeout(Duration::from_secs(5), obs.next())
             .await
@@ -620,6 +662,8 @@ both_providers!(
     observers_see_terms_in_order_proclamations_and_no_leader,
     a_candidate_whose_session_expires_never_leads,
     lead_cancels_the_work_when_leadership_is_lost,
+    a_waiter_survives_a_short_disconnect,
+    a_session_resumes_its_lease_but_not_a_revoked_one,
 );
 
 /// Real process crashes, against etcd only: the holder is `examples/lock.rs` or
