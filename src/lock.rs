@@ -108,6 +108,9 @@ impl LockService for Session {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Lock)?;
         let key = p.entry(self, "");
+        // Armed before the request: if it lands but the answer is lost (timeout, cancel),
+        // the entry is still removed.
+        let pending = Pending::new(self, key.clone(), claim);
         let r = self
             .backend()
             .txn(Txn {
@@ -134,11 +137,12 @@ impl LockService for Session {
             .await
             .map_err(Error::store("try lock"))?;
         if !r.succeeded {
+            pending.discard();
             return Err(Error::Taken {
                 name: name.to_owned(),
             });
         }
-        let mut pending = Pending::new(self, key, claim);
+        let mut pending = pending;
         pending.registered(r.revision);
         Ok(LockGrant(pending.finish(&p, token(r.revision))))
     }

@@ -107,6 +107,11 @@ impl Pending {
         Ok(())
     }
 
+    /// A `try_*` that found the primitive taken wrote nothing: forget without cleaning up.
+    pub(crate) fn discard(mut self) {
+        self.claim.take();
+    }
+
     /// Records an entry created by a one-transaction `try_*`.
     pub(crate) fn registered(&mut self, create_revision: i64) {
         self.incarnation = Some(Incarnation {
@@ -258,19 +263,35 @@ impl Drop for Pending {
         let incarnation = self.incarnation.take();
         self.session.spawn_cleanup(async move {
             let _claim = claim;
-            let incarnation = match incarnation {
-                Some(i) => Some(i),
-                // Cancelled during registration: the put may or may not have landed.
-                None => session
-                    .backend()
-                    .txn(Txn { when: vec![], then: vec![Op::get(key.clone())], otherwise: vec![] })
-                    .await
-                    .ok()
-                    .and_then(|r| r.range(0).first().map(|kv| Incarnation { key, create_revision: kv.create_revision })),
-            };
             if let Some(i) = incarnation {
-                if let Err(e) = session.release(&i).await {
-                    tracing::warn!(key = %i.key, error = %e, "could not delete an abandoned queue entry; it goes with the lease");
+                session.release_while_alive(&i).await;
+                return;
+            }
+            // Cancelled while registering: the put may have landed, or may still land (a
+            // request already on the wire). Look now, and once more a moment later.
+            for wait in [Duration::ZERO, Duration::from_secs(1)] {
+                tokio::time::sleep(wait).await;
+                let read = Txn {
+                    when: vec![],
+                    then: vec![Op::get(key.clone())],
+                    otherwise: vec![],
+                };
+                let found = loop {
+                    match session.backend().txn(read.clone()).await {
+                        Ok(r) => break r.range(0).first().map(|kv| kv.create_revision),
+                        Err(_) if session.state() == SessionState::Alive => {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(_) => return,
+                    }
+                };
+                if let Some(create_revision) = found {
+                    session
+                        .release_while_alive(&Incarnation {
+                            key: key.clone(),
+                            create_revision,
+                        })
+                        .await;
                 }
             }
         });
@@ -328,9 +349,7 @@ impl Drop for Grant {
         let incarnation = self.incarnation.clone();
         self.session.spawn_cleanup(async move {
             let _claim = claim;
-            if let Err(e) = session.release(&incarnation).await {
-                tracing::warn!(key = %incarnation.key, error = %e, "could not release a dropped grant; it goes with the lease");
-            }
+            session.release_while_alive(&incarnation).await;
         });
     }
 }

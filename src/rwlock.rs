@@ -193,6 +193,7 @@ impl RwLockService for Session {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Read)?;
         let key = p.entry(self, "r/");
+        let pending = Pending::new(self, key.clone(), claim);
         let r = self
             .backend()
             .txn(Txn {
@@ -204,19 +205,26 @@ impl RwLockService for Session {
                         lease: self.lease(),
                     },
                     Op::Txn(read_phase(&p)),
+                    // A put keeps an existing key's create revision: read the real one.
+                    Op::get(key.clone()),
                 ],
                 otherwise: vec![],
             })
             .await
             .map_err(Error::store("try read lock"))?;
         if !r.succeeded {
+            pending.discard();
             return Err(Error::Taken {
                 name: name.to_owned(),
             });
         }
         let token = phase_token(&r, 1).ok_or(Error::SessionLost)?;
-        let mut pending = Pending::new(self, key, claim);
-        pending.registered(r.revision);
+        let create_revision = r
+            .range(2)
+            .first()
+            .map_or(r.revision, |kv| kv.create_revision);
+        let mut pending = pending;
+        pending.registered(create_revision);
         Ok(RwGrant {
             grant: pending.finish(&p, token),
             mode: Mode::Read,
@@ -242,6 +250,7 @@ impl RwLockService for Session {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Write)?;
         let key = p.entry(self, "w/");
+        let pending = Pending::new(self, key.clone(), claim);
         let r = self
             .backend()
             .txn(Txn {
@@ -263,11 +272,12 @@ impl RwLockService for Session {
             .await
             .map_err(Error::store("try write lock"))?;
         if !r.succeeded {
+            pending.discard();
             return Err(Error::Taken {
                 name: name.to_owned(),
             });
         }
-        let mut pending = Pending::new(self, key, claim);
+        let mut pending = pending;
         pending.registered(r.revision);
         Ok(RwGrant {
             grant: pending.finish(&p, token(r.revision)),

@@ -64,7 +64,9 @@ impl SessionOptions {
     }
 
     /// Resumes an existing lease (for example after a restart within its TTL) instead of
-    /// granting a new one. Its entries and grants are not recovered; only the lease is.
+    /// granting a new one. Grants are not recovered: the entries the lease still holds under
+    /// this namespace are deleted (nobody could release them otherwise), and the TTL is the
+    /// one the lease was granted with.
     pub fn with_lease(mut self, lease_id: i64) -> Self {
         self.lease = Some(lease_id);
         self
@@ -136,23 +138,42 @@ impl Session {
             return Err(Error::InvalidTtl(options.ttl));
         }
         let ttl_secs = options.ttl.as_secs() + u64::from(options.ttl.subsec_nanos() > 0);
-        let (lease, granted) = match options.lease {
+        let (lease, remaining, ttl_secs) = match options.lease {
             Some(id) => {
-                let left = backend
+                let info = backend
                     .lease_ttl(id)
                     .await
                     .map_err(Error::store("lease time-to-live"))?;
-                if left <= 0 {
+                if info.remaining <= 0 {
                     return Err(Error::SessionLost);
                 }
-                (id, left)
+                // The previous owner's queue entries would otherwise stay alive on the resumed
+                // lease without anyone to acquire or release them, blocking those primitives.
+                let mine = format!("{}/", options.namespace);
+                for key in info.keys.into_iter().filter(|k| k.starts_with(&mine)) {
+                    let delete = Txn {
+                        when: vec![],
+                        then: vec![Op::Delete { key }],
+                        otherwise: vec![],
+                    };
+                    backend
+                        .txn(delete)
+                        .await
+                        .map_err(Error::store("clear resumed entries"))?;
+                }
+                // Keepalives follow the TTL the lease was granted with, not the options'.
+                (id, info.remaining, info.granted.max(1) as u64)
             }
-            None => backend
-                .lease_grant(ttl_secs as i64)
-                .await
-                .map_err(Error::store("lease grant"))?,
+            None => {
+                let (id, granted) = backend
+                    .lease_grant(ttl_secs as i64)
+                    .await
+                    .map_err(Error::store("lease grant"))?;
+                (id, granted, ttl_secs)
+            }
         };
         let ttl = Duration::from_secs(ttl_secs);
+        let granted = remaining;
         let (state, _) = watch::channel(SessionState::Alive);
         let state = Arc::new(state);
         let deadline = Instant::now() + Duration::from_secs(granted.max(1) as u64);
@@ -304,6 +325,24 @@ impl Session {
         let mut cleanups = lock(&self.inner.cleanups);
         cleanups.retain(|h| !h.is_finished());
         cleanups.push(handle);
+    }
+
+    /// Background cleanup: retries [`Session::release`] with backoff for as long as the
+    /// session is alive. An entry left behind on a live lease would block the primitive for
+    /// everyone; once the lease is gone, the store deletes the entry itself.
+    pub(crate) async fn release_while_alive(&self, incarnation: &Incarnation) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.release(incarnation).await {
+                Ok(_) => return,
+                Err(e) if self.state() == SessionState::Alive => {
+                    tracing::debug!(key = %incarnation.key, error = %e, "cleanup failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(_) => return,
+            }
+        }
     }
 
     /// Deletes the entry `incarnation` if, and only if, that exact incarnation still exists:

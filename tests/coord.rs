@@ -555,7 +555,11 @@ mod suite {
         cutter.heal();
         let held = g.token();
         g.unlock().await.unwrap();
-        let (t, _g) = tokio::time::timeout(TTL * 2, task).await.expect("the waiter acquires").unwrap().unwrap();
+        let (t, _g) = tokio::time::timeout(TTL * 2, task)
+            .await
+            .expect("the waiter acquires")
+            .unwrap()
+            .unwrap();
         assert!(t > held);
     }
 
@@ -574,7 +578,10 @@ mod suite {
         assert!(fx.keys(&format!("{NS}/lock/resume/q/")).await[0].ends_with(&lease_hex(&first)));
         drop(g);
         again.close().await.unwrap();
-        assert!(matches!(resume(id).await, Err(Error::SessionLost)), "a revoked lease cannot be resumed");
+        assert!(
+            matches!(resume(id).await, Err(Error::SessionLost)),
+            "a revoked lease cannot be resumed"
+        );
     }
 
     async fn next(obs: &mut palisade::election::Observer) -> Observation {

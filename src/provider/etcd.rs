@@ -20,8 +20,8 @@ use etcd_client::{
 };
 
 use super::{
-    Backend, BackendError, BoxFuture, Compare, Event, EventKind, Events, KeyRange, Kv, LeaseId, Op,
-    OpResponse, Provider, Revision, SortByCreate, Txn, TxnResponse,
+    Backend, BackendError, BoxFuture, Compare, Event, EventKind, Events, KeyRange, Kv, LeaseId,
+    LeaseInfo, Op, OpResponse, Provider, Revision, SortByCreate, Txn, TxnResponse,
 };
 use crate::error::Error;
 use crate::session::{Session, SessionOptions};
@@ -290,12 +290,27 @@ impl Backend for EtcdProvider {
 
     fn lease_keepalive(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>> {
         Box::pin(async move {
-            let mut keepers = self.inner.keepers.lock().await;
-            let (keeper, stream) = match keepers.entry(lease) {
-                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
+            // The stream is taken out for the round and put back only after a complete one: a
+            // round abandoned half-way (timeout, cancellation) leaves no stream whose next
+            // message would be the previous round's answer.
+            let taken = self.inner.keepers.lock().await.remove(&lease);
+            let (mut keeper, mut stream) = match taken {
+                Some(pair) => pair,
+                None => {
                     let mut client = self.inner.client.clone();
-                    v.insert(self.bounded(client.lease_keep_alive(lease)).await?)
+                    match tokio::time::timeout(self.inner.timeout, client.lease_keep_alive(lease))
+                        .await
+                    {
+                        Ok(Ok(pair)) => pair,
+                        // etcd-client's way of saying the first keepalive got TTL 0.
+                        Ok(Err(etcd_client::Error::LeaseKeepAliveError(m)))
+                            if m.contains("not found") =>
+                        {
+                            return Ok(0)
+                        }
+                        Ok(Err(e)) => return Err(map_err(e)),
+                        Err(_) => return Err(BackendError::Timeout(self.inner.timeout)),
+                    }
                 }
             };
             let round = async {
@@ -303,16 +318,16 @@ impl Backend for EtcdProvider {
                 stream.message().await
             };
             match self.bounded(round).await {
-                Ok(Some(r)) => Ok(r.ttl()),
-                Ok(None) => {
-                    keepers.remove(&lease);
-                    Err(BackendError::Unavailable("keepalive stream closed".into()))
+                Ok(Some(r)) => {
+                    self.inner
+                        .keepers
+                        .lock()
+                        .await
+                        .insert(lease, (keeper, stream));
+                    Ok(r.ttl().max(0))
                 }
-                Err(e) => {
-                    // A broken stream is re-created on the next round.
-                    keepers.remove(&lease);
-                    Err(e)
-                }
+                Ok(None) => Err(BackendError::Unavailable("keepalive stream closed".into())),
+                Err(e) => Err(e),
             }
         })
     }
@@ -330,11 +345,22 @@ impl Backend for EtcdProvider {
         })
     }
 
-    fn lease_ttl(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>> {
+    fn lease_ttl(&self, lease: LeaseId) -> BoxFuture<'_, Result<LeaseInfo, BackendError>> {
         Box::pin(async move {
             let mut client = self.inner.client.clone();
-            let r = self.bounded(client.lease_time_to_live(lease, None)).await?;
-            Ok(r.ttl().max(0))
+            let opts = etcd_client::LeaseTimeToLiveOptions::new().with_keys();
+            let r = self
+                .bounded(client.lease_time_to_live(lease, Some(opts)))
+                .await?;
+            Ok(LeaseInfo {
+                remaining: r.ttl().max(0),
+                granted: r.granted_ttl(),
+                keys: r
+                    .keys()
+                    .iter()
+                    .map(|k| String::from_utf8_lossy(k).into_owned())
+                    .collect(),
+            })
         })
     }
 }

@@ -15,8 +15,8 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{
-    Backend, BackendError, BoxFuture, Compare, Event, EventKind, Events, KeyRange, Kv, LeaseId, Op,
-    OpResponse, Provider, Revision, SortByCreate, Txn, TxnResponse,
+    Backend, BackendError, BoxFuture, Compare, Event, EventKind, Events, KeyRange, Kv, LeaseId,
+    LeaseInfo, Op, OpResponse, Provider, Revision, SortByCreate, Txn, TxnResponse,
 };
 use crate::error::Error;
 use crate::session::{Session, SessionOptions};
@@ -234,14 +234,34 @@ impl State {
         out
     }
 
-    /// Applies `txn` at revision `rev` (the revision its writes get), collecting events.
+    /// Decides every branch of `txn`, nested ones included, on the state before any of its
+    /// writes (as etcd does), and rejects the whole transaction up front if a put names a
+    /// lease that does not exist, so nothing is applied half-way.
+    fn plan(&self, txn: &Txn, branches: &mut Vec<bool>) -> Result<(), BackendError> {
+        let ok = txn.when.iter().all(|c| self.compare(c));
+        branches.push(ok);
+        for op in if ok { &txn.then } else { &txn.otherwise } {
+            match op {
+                Op::Put { lease, .. } if *lease != 0 && !self.leases.contains_key(lease) => {
+                    return Err(refused("requested lease not found"));
+                }
+                Op::Txn(inner) => self.plan(inner, branches)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies `txn` at revision `rev` (the revision its writes get) along the branches
+    /// [`State::plan`] chose, collecting events.
     fn apply(
         &mut self,
         txn: &Txn,
         rev: Revision,
+        branches: &mut std::vec::IntoIter<bool>,
         events: &mut Vec<Event>,
     ) -> Result<(bool, Vec<OpResponse>), BackendError> {
-        let ok = txn.when.iter().all(|c| self.compare(c));
+        let ok = branches.next().expect("planned");
         let ops = if ok { &txn.then } else { &txn.otherwise };
         let mut out = Vec::with_capacity(ops.len());
         for op in ops {
@@ -303,7 +323,7 @@ impl State {
                     None => OpResponse::Delete,
                 },
                 Op::Txn(inner) => {
-                    let (succeeded, responses) = self.apply(inner, rev, events)?;
+                    let (succeeded, responses) = self.apply(inner, rev, branches, events)?;
                     OpResponse::Txn(TxnResponse {
                         succeeded,
                         revision: rev,
@@ -377,8 +397,11 @@ impl Backend for MemoryProvider {
         let result = self.check().and_then(|()| {
             let mut st = self.store.lock();
             let rev = st.revision + 1;
+            let mut branches = Vec::new();
+            st.plan(&txn, &mut branches)?;
             let mut events = Vec::new();
-            let (succeeded, responses) = st.apply(&txn, rev, &mut events)?;
+            let (succeeded, responses) =
+                st.apply(&txn, rev, &mut branches.into_iter(), &mut events)?;
             if !events.is_empty() {
                 st.revision = rev;
             }
@@ -445,9 +468,15 @@ impl Backend for MemoryProvider {
     fn lease_keepalive(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>> {
         let result = self.check().map(|()| {
             let mut st = self.store.lock();
+            let now = Instant::now();
+            let expired = st.leases.get(&lease).is_some_and(|l| l.deadline <= now);
+            if expired {
+                // An expired lease is never renewed, even before the reaper got to it.
+                st.revoke(lease);
+            }
             match st.leases.get_mut(&lease) {
                 Some(l) => {
-                    l.deadline = Instant::now() + Duration::from_secs(l.ttl as u64);
+                    l.deadline = now + Duration::from_secs(l.ttl as u64);
                     l.ttl
                 }
                 None => 0,
@@ -463,13 +492,20 @@ impl Backend for MemoryProvider {
         Box::pin(async move { result })
     }
 
-    fn lease_ttl(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>> {
+    fn lease_ttl(&self, lease: LeaseId) -> BoxFuture<'_, Result<LeaseInfo, BackendError>> {
         let result = self.check().map(|()| {
-            let st = self.store.lock();
-            st.leases.get(&lease).map_or(0, |l| {
-                let left = l.deadline.saturating_duration_since(Instant::now());
-                left.as_secs().max(1) as i64
-            })
+            let mut st = self.store.lock();
+            let now = Instant::now();
+            if st.leases.get(&lease).is_some_and(|l| l.deadline <= now) {
+                st.revoke(lease);
+            }
+            st.leases
+                .get(&lease)
+                .map_or_else(LeaseInfo::default, |l| LeaseInfo {
+                    remaining: l.deadline.saturating_duration_since(now).as_secs().max(1) as i64,
+                    granted: l.ttl,
+                    keys: l.keys.iter().cloned().collect(),
+                })
         });
         Box::pin(async move { result })
     }

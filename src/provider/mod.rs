@@ -195,6 +195,17 @@ pub(crate) trait Events: Send {
     fn next(&mut self) -> BoxFuture<'_, Option<Result<Vec<Event>, BackendError>>>;
 }
 
+/// A lease as the store sees it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LeaseInfo {
+    /// Seconds left; 0 when the lease no longer exists.
+    pub(crate) remaining: i64,
+    /// The TTL it was granted with.
+    pub(crate) granted: i64,
+    /// The keys attached to it.
+    pub(crate) keys: Vec<String>,
+}
+
 /// What a provider's store can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -235,8 +246,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
     /// Renews the lease; the remaining TTL in seconds, 0 when the lease no longer exists.
     fn lease_keepalive(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>>;
     fn lease_revoke(&self, lease: LeaseId) -> BoxFuture<'_, Result<(), BackendError>>;
-    /// The remaining TTL of a lease, 0 when it no longer exists (used to resume).
-    fn lease_ttl(&self, lease: LeaseId) -> BoxFuture<'_, Result<i64, BackendError>>;
+    /// What the store knows of a lease (used to resume); `remaining == 0` when it is gone.
+    fn lease_ttl(&self, lease: LeaseId) -> BoxFuture<'_, Result<LeaseInfo, BackendError>>;
 }
 
 #[cfg(test)]
