@@ -73,6 +73,7 @@ fn admission(
 ) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        .enable_all()
         .build()
         .unwrap();
     let adm = rt.block_on(async {

@@ -106,6 +106,21 @@ impl Admission {
         let started = Instant::now();
         let loaded = store.load().await.inspect_err(|_| load.errors.inc())?;
         load.duration.observe(started.elapsed().as_secs_f64());
+        let resources: Vec<S> = resources.into_iter().collect();
+        let configured: std::collections::BTreeSet<&str> =
+            resources.iter().map(AsRef::as_ref).collect();
+        let orphaned: Vec<&String> = loaded
+            .keys()
+            .filter(|k| !configured.contains(k.as_str()))
+            .collect();
+        if !orphaned.is_empty() {
+            // Usually a renamed route without an explicit `resource`: its mark stays under the
+            // old name and the new name starts at 0.
+            tracing::warn!(
+                ?orphaned,
+                "the store holds marks for resources no route guards"
+            );
+        }
         let resources = resources
             .into_iter()
             .map(|name| {
@@ -183,6 +198,9 @@ impl Admission {
     }
 }
 
+/// How long an advance may wait for the store before it is refused with 503.
+pub const PERSIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 async fn advance(
     res: Arc<Resource>,
     store: Arc<dyn MarkStore>,
@@ -197,7 +215,14 @@ async fn advance(
         Verdict::Advance { from } => from,
     };
     let started = Instant::now();
-    let persisted = store.persist(&res.name, token.get()).await;
+    // A hung write (stalled disk, unreachable store) must fail closed, not stall every
+    // advance of the resource behind the lock. A write that lands late only raises the
+    // stored mark, which is safe.
+    let persisted =
+        match tokio::time::timeout(PERSIST_TIMEOUT, store.persist(&res.name, token.get())).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(PERSIST_TIMEOUT)),
+        };
     metrics.duration.observe(started.elapsed().as_secs_f64());
     if let Err(source) = persisted {
         metrics.errors.inc();
@@ -248,6 +273,7 @@ mod tests {
         use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
+            .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {

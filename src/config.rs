@@ -26,7 +26,7 @@ pub struct Config {
     pub file: PathBuf,
     /// The data-path listener.
     pub proxy: ProxySettings,
-    /// The admin listener; `None` when the file has no `[admin]` table.
+    /// The admin listener (default `127.0.0.1:9901`); `None` with `[admin] enabled = false`.
     pub admin: Option<AdminSettings>,
     /// Which header carries the token.
     pub fencing: FencingSettings,
@@ -115,7 +115,7 @@ pub enum MissingToken {
 /// Which paths a route matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PathMatch {
-    /// `path`: this path, also with a trailing `/`.
+    /// `path`: this path, also with a trailing `/` or a `.format` suffix.
     Exact(String),
     /// `path_prefix`: every path starting with it.
     Prefix(String),
@@ -125,12 +125,11 @@ impl PathMatch {
     /// Whether `key` (a [`path::match_key`]) is matched.
     pub fn matches(&self, key: &str) -> bool {
         match self {
-            PathMatch::Exact(p) => {
-                key == p
-                    || (key.len() == p.len() + 1
-                        && key.starts_with(p.as_str())
-                        && key.ends_with('/'))
-            }
+            // Also `/orders/` and `/orders.json`: frameworks (Rails' `(.:format)`, older Spring)
+            // route those to the same handler, so they must not fall through to another route.
+            PathMatch::Exact(p) => key.strip_prefix(p.as_str()).is_some_and(|rest| {
+                rest.is_empty() || rest == "/" || (rest.starts_with('.') && !rest.contains('/'))
+            }),
             PathMatch::Prefix(p) => key.starts_with(p.as_str()),
         }
     }
@@ -217,6 +216,8 @@ mod raw {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     pub(super) struct Admin {
+        #[serde(default = "yes")]
+        pub(super) enabled: bool,
         pub(super) listen: Option<Spanned<String>>,
     }
 
@@ -388,7 +389,10 @@ impl Validator<'_> {
             shutdown_grace: Duration::from_millis(raw.proxy.shutdown_grace_ms),
         };
         let admin = match raw.admin {
-            None => None,
+            None => Some(AdminSettings {
+                listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
+            }),
+            Some(a) if !a.enabled => None,
             Some(a) => Some(AdminSettings {
                 listen: match a.listen {
                     Some(l) => self.listen(&l, "admin.listen")?,
@@ -655,7 +659,11 @@ methods = ["POST"]
             }
         );
         assert_eq!(c.fencing.header.as_str(), "x-fencing-token");
-        assert!(c.admin.is_none());
+        assert_eq!(
+            c.admin.unwrap().listen.to_string(),
+            DEFAULT_ADMIN_LISTEN,
+            "admin on loopback by default"
+        );
     }
 
     #[test]
@@ -696,9 +704,9 @@ methods = ["POST"]
     }
 
     #[test]
-    fn exact_paths_match_with_trailing_slash_only() {
+    fn exact_paths_match_with_trailing_slash_or_format_suffix() {
         let m = PathMatch::Exact("/exact".into());
-        assert!(m.matches("/exact") && m.matches("/exact/"));
-        assert!(!m.matches("/exactly") && !m.matches("/exact/x"));
+        assert!(m.matches("/exact") && m.matches("/exact/") && m.matches("/exact.json"));
+        assert!(!m.matches("/exactly") && !m.matches("/exact/x") && !m.matches("/exact.d/x"));
     }
 }

@@ -51,7 +51,7 @@ struct Route {
 
 struct Upstream {
     settings: UpstreamSettings,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<Dial, Incoming>,
 }
 
 impl std::fmt::Debug for Proxy {
@@ -110,7 +110,7 @@ impl Proxy {
     /// Handles one request from `peer`. Never fails: refusals are responses.
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
         let started = Instant::now();
-        let grpc = is_grpc(req.headers());
+        let grpc = grpc_content_type(req.headers());
 
         let normalized = match path::normalize(req.uri().path()) {
             Ok(p) => p,
@@ -124,7 +124,19 @@ impl Proxy {
                 )
             }
         };
-        let Some(route) = self.route(&req, &path::match_key(&normalized)) else {
+        let host = match request_host(&req) {
+            Ok(h) => h,
+            Err(why) => {
+                return self.refuse_unrouted(
+                    Rejection::BadRequest(why),
+                    Outcome::Malformed,
+                    grpc,
+                    peer,
+                    &req,
+                )
+            }
+        };
+        let Some(route) = self.route(&req, host, &path::match_key(&normalized)) else {
             return self.refuse_unrouted(Rejection::NoRoute, Outcome::NoRoute, grpc, peer, &req);
         };
         let rewritten = match normalized {
@@ -154,7 +166,7 @@ impl Proxy {
                     resource: resource.map(Resource::name),
                     token,
                 };
-                return rejection.respond(ctx, grpc).map(Either::Right);
+                return rejection.respond(ctx, grpc.as_ref()).map(Either::Right);
             }
         };
 
@@ -182,7 +194,7 @@ impl Proxy {
             Ok(resp) => {
                 m.count(outcome);
                 let (mut parts, body) = resp.into_parts();
-                strip_hop_by_hop(&mut parts.headers);
+                strip_hop_by_hop(&mut parts.headers, &self.header);
                 Response::from_parts(
                     parts,
                     Either::Left(Tracked {
@@ -205,7 +217,7 @@ impl Proxy {
                     resource: route.resource.as_deref().map(Resource::name),
                     token,
                 };
-                rejection.respond(ctx, grpc).map(Either::Right)
+                rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
             }
         }
     }
@@ -259,13 +271,15 @@ impl Proxy {
         }
     }
 
-    fn route(&self, req: &Request<Incoming>, key: &str) -> Option<&Route> {
-        let host = request_host(req);
+    fn route(&self, req: &Request<Incoming>, host: Option<&str>, key: &str) -> Option<&Route> {
+        let method = req.method().as_str();
         self.routes.iter().find(|r| {
             let s = &r.settings;
+            // Methods match whatever their case: a legacy upstream may treat `post` as POST,
+            // so a lower-case spelling must not slip past a guarded route.
             s.methods
                 .as_ref()
-                .is_none_or(|ms| ms.contains(req.method()))
+                .is_none_or(|ms| ms.iter().any(|m| m.as_str().eq_ignore_ascii_case(method)))
                 && s.host
                     .as_deref()
                     .is_none_or(|h| host.is_some_and(|rh| rh.eq_ignore_ascii_case(h)))
@@ -277,22 +291,51 @@ impl Proxy {
         &self,
         rejection: Rejection,
         outcome: Outcome,
-        grpc: bool,
+        grpc: Option<HeaderValue>,
         peer: SocketAddr,
         req: &Request<Incoming>,
     ) -> Response<ProxyBody> {
         tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
         self.unrouted.count(outcome);
         rejection
-            .respond(Context::default(), grpc)
+            .respond(Context::default(), grpc.as_ref())
             .map(Either::Right)
     }
 }
 
-fn client_for(u: &UpstreamSettings) -> Client<HttpConnector, Incoming> {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(u.connect_timeout));
+/// Dials the upstream's address whatever authority the request URI carries (which, for h2c,
+/// is the client's, sent on as :authority).
+#[derive(Clone)]
+struct Dial {
+    inner: HttpConnector,
+    target: Uri,
+}
+
+impl tower_service::Service<Uri> for Dial {
+    type Response = <HttpConnector as tower_service::Service<Uri>>::Response;
+    type Error = <HttpConnector as tower_service::Service<Uri>>::Error;
+    type Future = <HttpConnector as tower_service::Service<Uri>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        self.inner.call(self.target.clone())
+    }
+}
+
+fn client_for(u: &UpstreamSettings) -> Client<Dial, Incoming> {
+    let mut inner = HttpConnector::new();
+    inner.set_nodelay(true);
+    inner.set_connect_timeout(Some(u.connect_timeout));
+    let target = Uri::builder()
+        .scheme(u.scheme.clone())
+        .authority(u.authority.clone())
+        .path_and_query("/")
+        .build()
+        .expect("scheme and authority were validated");
+    let connector = Dial { inner, target };
     let mut b = Client::builder(TokioExecutor::new());
     b.timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
@@ -304,22 +347,45 @@ fn client_for(u: &UpstreamSettings) -> Client<HttpConnector, Incoming> {
     b.build(connector)
 }
 
-fn is_grpc(headers: &HeaderMap) -> bool {
+/// The request's content type if it is gRPC (`application/grpc*`, gRPC-web included).
+fn grpc_content_type(headers: &HeaderMap) -> Option<HeaderValue> {
     headers
         .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .filter(|v| v.as_bytes().starts_with(b"application/grpc"))
+        .cloned()
 }
 
-fn request_host(req: &Request<Incoming>) -> Option<&str> {
-    let raw = match req.headers().get(header::HOST) {
-        Some(h) => h.to_str().ok()?,
-        None => req.uri().authority()?.as_str(),
+/// The host the request is for, without port or trailing dot, for routing.
+///
+/// Refuses what different servers would read differently: two Host headers, a Host that is
+/// not text, or (HTTP/2, absolute-form) a Host that disagrees with the request's authority.
+fn request_host(req: &Request<Incoming>) -> Result<Option<&str>, &'static str> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let header = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header");
+    }
+    let header = header
+        .map(|h| {
+            h.to_str()
+                .map_err(|_| "the Host header is not visible ASCII")
+        })
+        .transpose()?;
+    let authority = req.uri().authority().map(|a| a.as_str());
+    let raw = match (header, authority) {
+        (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => {
+            return Err("the Host header disagrees with the request's authority")
+        }
+        (Some(h), _) => h,
+        (None, Some(a)) => a,
+        (None, None) => return Ok(None),
     };
-    // Strip a port, keeping bracketed IPv6 literals whole.
-    Some(match raw.rfind(':') {
+    // Strip a port, keeping bracketed IPv6 literals whole, then one trailing dot.
+    let host = match raw.rfind(':') {
         Some(i) if !raw[i..].contains(']') => &raw[..i],
         _ => raw,
-    })
+    };
+    Ok(Some(host.strip_suffix('.').unwrap_or(host)))
 }
 
 /// Turns the client's request into the upstream request, in place.
@@ -340,7 +406,20 @@ fn prepare(
     };
     let mut uri = http::uri::Parts::default();
     uri.scheme = Some(upstream.settings.scheme.clone());
-    uri.authority = Some(upstream.settings.authority.clone());
+    // The connector always dials the upstream, so the URI can carry the client's authority:
+    // HTTP/2 sends it as :authority (which must agree with any Host), HTTP/1.1 gets a Host
+    // header below.
+    let client_authority = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+        .or(original_authority.clone());
+    uri.authority = match upstream.settings.protocol {
+        Protocol::H2c => {
+            Some(client_authority.unwrap_or_else(|| upstream.settings.authority.clone()))
+        }
+        Protocol::Http1 => Some(upstream.settings.authority.clone()),
+    };
     uri.path_and_query = Some(path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/")));
     parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
     parts.version = match upstream.settings.protocol {
@@ -349,13 +428,22 @@ fn prepare(
     };
 
     let h = &mut parts.headers;
-    strip_hop_by_hop(h);
+    strip_hop_by_hop(h, token_header);
     if route.strip_token {
         h.remove(token_header);
     }
-    if !h.contains_key(header::HOST) {
-        if let Some(a) = original_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok()) {
-            h.insert(header::HOST, a);
+    match upstream.settings.protocol {
+        Protocol::H2c => {
+            h.remove(header::HOST);
+        }
+        Protocol::Http1 => {
+            if !h.contains_key(header::HOST) {
+                if let Some(a) =
+                    original_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+                {
+                    h.insert(header::HOST, a);
+                }
+            }
         }
     }
     let xff = if h.contains_key(&X_FORWARDED_FOR) {
@@ -391,8 +479,10 @@ const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Removes the headers that describe one connection rather than the message (RFC 9110 7.6.1),
-/// keeping `te: trailers`, which gRPC needs end to end.
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+/// keeping `te: trailers`, which gRPC needs end to end. Headers that a `Connection` header
+/// names are removed too, except the fencing token, Host and Content-Length: a client must
+/// not be able to strip what the upstream relies on.
+fn strip_hop_by_hop(h: &mut HeaderMap, protect: &HeaderName) {
     // Most messages carry none of these: one pass over the names is cheaper than eight
     // hashed removals on the hot path.
     let hop = |n: &HeaderName| {
@@ -408,30 +498,20 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     if !h.keys().any(hop) {
         return;
     }
-    if let Some(conn) = h.remove(header::CONNECTION) {
-        // Also drop every header the Connection header names (and any repeated Connection).
-        let mut named: Vec<HeaderName> = Vec::new();
-        for v in std::iter::once(conn).chain(
-            h.get_all(header::CONNECTION)
-                .iter()
-                .cloned()
-                .collect::<Vec<_>>(),
-        ) {
-            if let Ok(s) = v.to_str() {
-                named.extend(
-                    s.split(',')
-                        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()),
-                );
-            }
-        }
-        h.remove(header::CONNECTION);
-        for n in named {
-            if n != header::TE {
-                h.remove(n);
-            }
+    let named: Vec<HeaderName> = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|s| s.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in named {
+        if n != header::TE && n != header::HOST && n != header::CONTENT_LENGTH && n != *protect {
+            h.remove(n);
         }
     }
     for n in [
+        header::CONNECTION,
         KEEP_ALIVE,
         PROXY_CONNECTION,
         header::TRANSFER_ENCODING,
@@ -536,7 +616,12 @@ mod tests {
         );
         h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
         h.insert("x-fencing-token", HeaderValue::from_static("7"));
-        strip_hop_by_hop(&mut h);
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("x-fencing-token, host, x-second"),
+        );
+        h.insert("x-second", HeaderValue::from_static("2"));
+        strip_hop_by_hop(&mut h, &HeaderName::from_static("x-fencing-token"));
         assert_eq!(h.len(), 2, "{h:?}");
         assert_eq!(h[header::TE], "trailers");
         assert_eq!(h["x-fencing-token"], "7");

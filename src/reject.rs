@@ -23,6 +23,9 @@ pub enum Rejection {
     /// The token header is not a canonical token.
     #[error("malformed fencing token: {0}")]
     MalformedToken(#[source] TokenError),
+    /// The request is ambiguous (duplicate or conflicting Host).
+    #[error("bad request: {0}")]
+    BadRequest(&'static str),
     /// The request path is not in normal form (see [`crate::path`]).
     #[error("request path is not in normal form: {0}")]
     BadPath(#[source] PathError),
@@ -84,6 +87,7 @@ impl Rejection {
                 (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_token")
             }
             Rejection::BadPath(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_path"),
+            Rejection::BadRequest(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_request"),
             Rejection::Stale { .. } => (StatusCode::CONFLICT, ABORTED, "stale_token"),
             Rejection::StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -102,23 +106,20 @@ impl Rejection {
         }
     }
 
-    /// The response: JSON for HTTP, trailers-only for gRPC (`grpc` = the request's content
-    /// type is `application/grpc*`).
-    pub fn respond(&self, ctx: Context<'_>, grpc: bool) -> Response<Full<Bytes>> {
+    /// The response: JSON for HTTP, trailers-only for gRPC. `grpc` is the request's content
+    /// type when it is `application/grpc*` (echoed, so gRPC-web clients get their own type).
+    pub fn respond(&self, ctx: Context<'_>, grpc: Option<&HeaderValue>) -> Response<Full<Bytes>> {
         let (status, grpc_status, code) = self.classify();
         let message = self.to_string();
         let mark = match self {
             Rejection::Stale { mark, .. } => Some(*mark),
             _ => None,
         };
-        let mut resp = if grpc {
+        let mut resp = if let Some(content_type) = grpc {
             // Trailers-only: HTTP 200, status in the headers, no body, END_STREAM on HEADERS.
             let mut r = Response::new(Full::new(Bytes::new()));
             let h = r.headers_mut();
-            h.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/grpc"),
-            );
+            h.insert(header::CONTENT_TYPE, content_type.clone());
             h.insert("grpc-status", HeaderValue::from(u16::from(grpc_status)));
             let encoded = utf8_percent_encode(&message, GRPC_MESSAGE).to_string();
             if let Ok(v) = HeaderValue::from_str(&encoded) {
@@ -164,21 +165,26 @@ mod tests {
             token: 34,
             mark: 51,
         }
-        .respond(ctx, false);
+        .respond(ctx, None);
         assert_eq!(r.status(), StatusCode::CONFLICT);
         assert_eq!(r.headers()[MARK_HEADER], "51");
     }
 
     #[test]
     fn grpc_form_is_trailers_only() {
+        let web = HeaderValue::from_static("application/grpc-web+proto");
         let r = Rejection::Stale {
             token: 34,
             mark: 51,
         }
-        .respond(Context::default(), true);
+        .respond(Context::default(), Some(&web));
         assert_eq!(r.status(), StatusCode::OK);
         assert_eq!(r.headers()["grpc-status"], "10");
-        assert_eq!(r.headers()["content-type"], "application/grpc");
+        assert_eq!(
+            r.headers()["content-type"],
+            "application/grpc-web+proto",
+            "the request's type is echoed"
+        );
         assert!(http_body::Body::is_end_stream(r.body()));
     }
 }

@@ -383,7 +383,11 @@ async fn trailers_pass_both_ways_between_protocols() {
 async fn forwarded_headers_added_and_hop_by_hop_removed() {
     let e = env().await;
     let headers: &[(&str, &[u8])] = &[
-        ("connection", b"keep-alive, x-private"),
+        (
+            "connection",
+            b"keep-alive, x-private, x-fencing-token, host",
+        ),
+        ("x-fencing-token", b"12"),
         ("x-private", b"secret"),
         ("keep-alive", b"timeout=5"),
         ("proxy-authorization", b"Basic Zm9v"),
@@ -403,6 +407,10 @@ async fn forwarded_headers_added_and_hop_by_hop_removed() {
     assert_eq!(seen.headers["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
     assert_eq!(seen.headers["host"], "api.example.com", "host is kept");
+    assert_eq!(
+        seen.headers["x-fencing-token"], "12",
+        "Connection cannot strip the token"
+    );
     for gone in ["x-private", "keep-alive", "proxy-authorization"] {
         assert!(!seen.headers.contains_key(gone), "{gone} was forwarded");
     }
@@ -634,9 +642,9 @@ async fn alternative_spellings_of_a_guarded_path_never_bypass_the_guard() {
 }
 
 #[tokio::test]
-async fn exact_route_guards_trailing_slash_and_segment_parameters() {
+async fn exact_route_guards_trailing_slash_format_suffix_and_segment_parameters() {
     let e = env().await;
-    for p in ["/exact", "/exact/", "/exact;v=1"] {
+    for p in ["/exact", "/exact/", "/exact;v=1", "/exact.json"] {
         assert_eq!(
             post(&e.proxy.url(p), None).await.status,
             StatusCode::PRECONDITION_REQUIRED,
@@ -752,4 +760,23 @@ resource = "echo"
         let stale = c.count(5, Some("2")).await.unwrap_err();
         assert_eq!(stale.code(), Code::Aborted);
     }
+}
+
+#[tokio::test]
+async fn ambiguous_hosts_are_refused_before_routing() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let e = env().await;
+    for request in [
+        &b"POST /orders/1 HTTP/1.1\r\nhost: a.example\r\nhost: b.example\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"[..],
+        &b"POST http://a.example/orders/1 HTTP/1.1\r\nhost: b.example\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"[..],
+    ] {
+        let mut s = tokio::net::TcpStream::connect(e.proxy.addr).await.unwrap();
+        s.write_all(request).await.unwrap();
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await.unwrap();
+        let text = String::from_utf8_lossy(&resp);
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(text.contains("bad_request"), "{text}");
+    }
+    assert_eq!(e.up.log.len(), 0);
 }

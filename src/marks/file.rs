@@ -59,7 +59,12 @@ impl FileStore {
             Ok(bytes) => parse(&path, &bytes)?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir_all(&dir).map_err(io_err(&dir, "create directory"))?;
-                tracing::info!(path = %path.display(), "marks file does not exist yet: starting with no marks");
+                // Fine on a first start; after a moved config or an unmounted volume it means
+                // every mark starts again at 0, so say it loudly.
+                tracing::warn!(
+                    path = %path.display(),
+                    "marks file does not exist: creating it, every resource starts with no mark"
+                );
                 Marks::new()
             }
             Err(e) => return Err(io_err(&path, "read")(e)),

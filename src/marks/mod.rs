@@ -75,6 +75,9 @@ pub enum StoreError {
         #[source]
         source: serde_json::Error,
     },
+    /// The store did not answer in time.
+    #[error("mark store did not answer within {0:?}")]
+    Timeout(std::time::Duration),
     /// The persisting task was lost (runtime shutting down).
     #[error("mark store task ended before the write finished")]
     TaskLost(#[source] tokio::task::JoinError),

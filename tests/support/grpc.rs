@@ -31,6 +31,7 @@ fn record(log: &Log, path: &str, req: &Request<Msg>) {
     log.push(Seen {
         method: http::Method::POST,
         path: path.to_owned(),
+        authority: None,
         version: http::Version::HTTP_2,
         token: req
             .metadata()

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 pub struct Seen {
     pub method: Method,
     pub path: String,
+    pub authority: Option<String>,
     pub version: http::Version,
     pub token: Option<String>,
     pub headers: HeaderMap,
@@ -104,6 +105,7 @@ async fn upstream_handle(req: Request<Incoming>, log: Log) -> Response<UpBody> {
     log.push(Seen {
         method: req.method().clone(),
         path: req.uri().path().to_owned(),
+        authority: req.uri().authority().map(|a| a.to_string()),
         version: req.version(),
         token,
         headers: req.headers().clone(),
