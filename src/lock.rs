@@ -16,8 +16,7 @@
 use std::future::Future;
 
 use crate::error::Error;
-use crate::provider::{Compare, KeyRange, Op, SortByCreate, Txn};
-use crate::queue::{token, Grant, Pending, Primitive};
+use crate::queue::{try_exclusive, Grant, Pending, Primitive};
 use crate::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
@@ -87,8 +86,10 @@ impl LockGrant {
 
 const KIND: &str = "lock";
 
+const EPOCH_PREFIX: &str = "L:";
+
 fn epoch_value(key: &str) -> Vec<u8> {
-    format!("L:{key}").into_bytes()
+    format!("{EPOCH_PREFIX}{key}").into_bytes()
 }
 
 impl LockService for Session {
@@ -107,43 +108,8 @@ impl LockService for Session {
     async fn try_lock(&self, name: &str) -> Result<LockGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Lock)?;
-        let key = p.entry(self, "");
-        // Armed before the request: if it lands but the answer is lost (timeout, cancel),
-        // the entry is still removed.
-        let pending = Pending::new(self, key.clone(), claim);
-        let r = self
-            .backend()
-            .txn(Txn {
-                when: vec![Compare::CreateRevisionEq(KeyRange::prefix(p.queue()), 0)],
-                then: vec![
-                    Op::Put {
-                        key: key.clone(),
-                        value: Vec::new(),
-                        lease: self.lease(),
-                    },
-                    Op::Put {
-                        key: p.epoch(),
-                        value: epoch_value(&key),
-                        lease: 0,
-                    },
-                ],
-                otherwise: vec![Op::Range {
-                    range: KeyRange::prefix(p.queue()),
-                    sort: Some(SortByCreate::Ascending),
-                    limit: 1,
-                    max_create_revision: 0,
-                }],
-            })
-            .await
-            .map_err(Error::store("try lock"))?;
-        if !r.succeeded {
-            pending.discard();
-            return Err(Error::Taken {
-                name: name.to_owned(),
-            });
-        }
-        let mut pending = pending;
-        pending.registered(r.revision);
-        Ok(LockGrant(pending.finish(&p, token(r.revision))))
+        Ok(LockGrant(
+            try_exclusive(self, &p, "", claim, EPOCH_PREFIX).await?,
+        ))
     }
 }

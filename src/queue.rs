@@ -51,6 +51,51 @@ async fn txn(session: &Session, op: &'static str, t: Txn) -> Result<TxnResponse,
     session.backend().txn(t).await.map_err(Error::store(op))
 }
 
+/// Takes `p` exclusively if its queue is empty, in one transaction: put our entry and bump the
+/// epoch to `epoch_prefix` + our key, or write nothing at all. Used by `try_lock` and
+/// `try_write_lock`.
+pub(crate) async fn try_exclusive(
+    session: &Session,
+    p: &Primitive,
+    sub: &str,
+    claim: Claim,
+    epoch_prefix: &str,
+) -> Result<Grant, Error> {
+    let key = p.entry(session, sub);
+    // Armed before the request: if it lands but the answer is lost (timeout, cancel), the
+    // entry is still removed.
+    let mut pending = Pending::new(session, key.clone(), claim);
+    let r = txn(
+        session,
+        "try lock",
+        Txn {
+            when: vec![Compare::CreateRevisionEq(KeyRange::prefix(p.queue()), 0)],
+            then: vec![
+                Op::Put {
+                    key: key.clone(),
+                    value: Vec::new(),
+                    lease: session.lease(),
+                },
+                Op::Put {
+                    key: p.epoch(),
+                    value: format!("{epoch_prefix}{key}").into_bytes(),
+                    lease: 0,
+                },
+            ],
+            otherwise: vec![],
+        },
+    )
+    .await?;
+    if !r.succeeded {
+        pending.discard();
+        return Err(Error::Taken {
+            name: p.name.clone(),
+        });
+    }
+    pending.registered(r.revision);
+    Ok(pending.finish(p, token(r.revision)))
+}
+
 /// An acquisition in progress. Dropped before [`Pending::finish`] (cancelled, or failed), it
 /// deletes its entry in the background with a fresh context and keeps the session's claim until
 /// that is done, so a new acquisition of the same primitive cannot race the cleanup.

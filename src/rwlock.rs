@@ -14,7 +14,7 @@ use std::future::Future;
 
 use crate::error::Error;
 use crate::provider::{Compare, KeyRange, Op, Txn, TxnResponse};
-use crate::queue::{token, Grant, Pending, Primitive};
+use crate::queue::{token, try_exclusive, Grant, Pending, Primitive};
 use crate::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
@@ -125,8 +125,10 @@ impl RwGrant {
 const KIND: &str = "rwlock";
 const READ_PHASE: &[u8] = b"R";
 
+const WRITER_EPOCH_PREFIX: &str = "W:";
+
 fn writer_epoch(key: &str) -> Vec<u8> {
-    format!("W:{key}").into_bytes()
+    format!("{WRITER_EPOCH_PREFIX}{key}").into_bytes()
 }
 
 fn writers(p: &Primitive) -> KeyRange {
@@ -249,38 +251,9 @@ impl RwLockService for Session {
     async fn try_write_lock(&self, name: &str) -> Result<RwGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Write)?;
-        let key = p.entry(self, "w/");
-        let pending = Pending::new(self, key.clone(), claim);
-        let r = self
-            .backend()
-            .txn(Txn {
-                when: vec![Compare::CreateRevisionEq(KeyRange::prefix(p.queue()), 0)],
-                then: vec![
-                    Op::Put {
-                        key: key.clone(),
-                        value: Vec::new(),
-                        lease: self.lease(),
-                    },
-                    Op::Put {
-                        key: p.epoch(),
-                        value: writer_epoch(&key),
-                        lease: 0,
-                    },
-                ],
-                otherwise: vec![],
-            })
-            .await
-            .map_err(Error::store("try write lock"))?;
-        if !r.succeeded {
-            pending.discard();
-            return Err(Error::Taken {
-                name: name.to_owned(),
-            });
-        }
-        let mut pending = pending;
-        pending.registered(r.revision);
+        let grant = try_exclusive(self, &p, "w/", claim, WRITER_EPOCH_PREFIX).await?;
         Ok(RwGrant {
-            grant: pending.finish(&p, token(r.revision)),
+            grant,
             mode: Mode::Write,
         })
     }
