@@ -53,6 +53,13 @@ path_prefix = "/h2/"
 resource = "h2res"
 
 [[route]]
+name = "stripped"
+upstream = "legacy"
+path_prefix = "/stripped/"
+resource = "orders"
+strip_token = true
+
+[[route]]
 name = "lenient"
 upstream = "legacy"
 path_prefix = "/lenient"
@@ -779,4 +786,64 @@ async fn ambiguous_hosts_are_refused_before_routing() {
         assert!(text.contains("bad_request"), "{text}");
     }
     assert_eq!(e.up.log.len(), 0);
+}
+
+#[tokio::test]
+async fn strip_token_removes_the_header_and_shares_the_resource_mark() {
+    let e = env().await;
+    assert_eq!(
+        post(&e.proxy.url("/stripped/1"), Some("40")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(e.up.log.tokens(), [None], "stripped before forwarding");
+    assert_eq!(
+        post(&e.proxy.url("/orders/1"), Some("39")).await.status,
+        StatusCode::CONFLICT,
+        "same resource, same mark"
+    );
+}
+
+#[tokio::test]
+async fn an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncReadExt;
+    // An upstream that reads each request and hangs up without answering.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let requests = std::sync::Arc::new(AtomicUsize::new(0));
+    let seen = requests.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                seen.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let proxy = support::proxy(
+        &support::render(CONFIG, addr, &dir.path().join("m.json")),
+        dir.path(),
+    )
+    .await;
+    let r = post(&proxy.url("/orders/1"), Some("7")).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        requests.load(Ordering::SeqCst),
+        1,
+        "no retry after admission"
+    );
+    assert_eq!(
+        proxy.marks().await["orders"],
+        7,
+        "the mark advanced before forwarding"
+    );
 }
