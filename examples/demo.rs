@@ -21,6 +21,15 @@ use tokio::net::TcpListener;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // palisade's own decision log (mark advances, refusals) on stderr; RUST_LOG overrides.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("palisade=info")),
+        )
+        .with_target(false)
+        .compact()
+        .init();
     // The legacy service: knows nothing about fencing, just applies writes.
     let applied: Arc<Mutex<Vec<String>>> = Arc::default();
     let legacy = TcpListener::bind("127.0.0.1:0").await?;
@@ -92,10 +101,14 @@ resource = "orders"
         std::future::pending::<()>(),
     ));
     println!("legacy service on {legacy_addr}, palisade on {proxy}, admin on {admin}");
-    println!("marks file: {}\n", dir.path().join("marks.json").display());
+    println!("marks file: {}", dir.path().join("marks.json").display());
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    // Ready once the admin endpoint answers, so palisade's startup log comes first.
+    let livez = Request::get(format!("http://{admin}/livez")).body(Full::default())?;
+    client.request(livez).await?;
+    println!();
     let steps = [
         (
             "A",
