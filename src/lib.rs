@@ -59,5 +59,5 @@ pub use lock::{LockGrant, LockService};
 pub use provider::memory::MemoryProvider;
 pub use provider::Provider;
 pub use rwlock::{Mode, RwGrant, RwLockService};
-pub use session::{Session, SessionOptions, SessionState};
+pub use session::{Loss, LossSignal, Session, SessionOptions, SessionState};
 pub use token::FencingToken;

@@ -294,6 +294,7 @@ impl Pending {
             token,
             released: AtomicBool::new(false),
             claim: std::sync::Mutex::new(self.claim.take()),
+            entry_watch: std::sync::OnceLock::new(),
         }
     }
 }
@@ -358,11 +359,44 @@ pub(crate) struct Grant {
     pub(crate) token: FencingToken,
     released: AtomicBool,
     claim: std::sync::Mutex<Option<Claim>>,
+    entry_watch: std::sync::OnceLock<(
+        tokio::sync::watch::Receiver<bool>,
+        tokio::task::JoinHandle<()>,
+    )>,
 }
 
 impl Grant {
+    /// The session's signal plus this grant's entry. The entry is watched from the first
+    /// call on (no watch costs anything for grants nobody asks about).
     pub(crate) fn loss_signal(&self) -> LossSignal {
-        self.session.loss_signal()
+        let session = self.session.loss_signal();
+        let entry = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            self.entry_watch
+                .get_or_init(|| {
+                    let (tx, rx) = tokio::sync::watch::channel(false);
+                    let from = self
+                        .incarnation
+                        .create_revision
+                        .max(self.token.get() as i64)
+                        + 1;
+                    let task = rt.spawn(watch_entry(
+                        self.session.clone(),
+                        self.incarnation.clone(),
+                        from,
+                        tx,
+                    ));
+                    (rx, task)
+                })
+                .0
+                .clone()
+        });
+        session.with_entry(entry)
+    }
+
+    fn stop_watching(&self) {
+        if let Some((_, task)) = self.entry_watch.get() {
+            task.abort();
+        }
     }
 
     pub(crate) fn is_released(&self) -> bool {
@@ -375,6 +409,8 @@ impl Grant {
         if self.is_released() {
             return Err(Error::Released);
         }
+        // Our own delete is not a loss to report.
+        self.stop_watching();
         self.session.release(&self.incarnation).await?;
         // Whether or not the entry was still there (a lost lease deletes it too), it is gone,
         // and the session may acquire the primitive again.
@@ -386,6 +422,7 @@ impl Grant {
 
 impl Drop for Grant {
     fn drop(&mut self) {
+        self.stop_watching();
         let claim = self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
         if self.is_released() || self.session.state() != SessionState::Alive {
             return;
@@ -396,5 +433,45 @@ impl Drop for Grant {
             let _claim = claim;
             session.release_while_alive(&incarnation).await;
         });
+    }
+}
+
+/// Flags `deleted` once `entry` stops existing while the session lives. Reads again after any
+/// broken watch, so a missed event cannot hide a deletion.
+async fn watch_entry(
+    session: Session,
+    entry: Incarnation,
+    mut from: i64,
+    deleted: tokio::sync::watch::Sender<bool>,
+) {
+    loop {
+        if session.state() != SessionState::Alive {
+            return;
+        }
+        if let Ok(mut events) = session
+            .backend()
+            .watch(KeyRange::key(entry.key.clone()), from)
+            .await
+        {
+            while let Some(Ok(batch)) = events.next().await {
+                if batch.iter().any(|e| e.kind == EventKind::Delete) {
+                    deleted.send_replace(true);
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let read = Txn {
+            when: vec![],
+            then: vec![Op::get(entry.key.clone())],
+            otherwise: vec![],
+        };
+        if let Ok(r) = session.backend().txn(read).await {
+            if r.range(0).first().map(|kv| kv.create_revision) != Some(entry.create_revision) {
+                deleted.send_replace(true);
+                return;
+            }
+            from = r.revision + 1;
+        }
     }
 }

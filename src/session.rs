@@ -218,12 +218,17 @@ impl Session {
 
     /// Resolves once the session is no longer [`SessionState::Alive`], with the new state.
     pub async fn done(&self) -> SessionState {
-        self.loss_signal().wait().await
+        let mut rx = self.inner.state.subscribe();
+        let state = match rx.wait_for(|s| *s != SessionState::Alive).await {
+            Ok(s) => *s,
+            Err(_) => SessionState::Lost,
+        };
+        state
     }
 
     /// A cloneable signal that fires when the session is lost or closed.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal(self.inner.state.subscribe())
+        LossSignal::new(self.inner.state.subscribe(), None)
     }
 
     /// Waits for background cleanups (entries of cancelled or failed acquisitions, dropped
@@ -411,23 +416,68 @@ impl Drop for Claim {
     }
 }
 
-/// Fires when a session (and so every grant it holds) is lost or closed.
+/// Why a [`LossSignal`] fired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Loss {
+    /// The session's lease is gone (expired, revoked elsewhere, or unconfirmed for a TTL).
+    SessionLost,
+    /// The session was closed by its owner.
+    SessionClosed,
+    /// The grant's queue entry was deleted while the session lived (by an operator, or by a
+    /// `Session::release` of that incarnation): the grant no longer owns anything.
+    EntryDeleted,
+}
+
+/// Fires when ownership ends: the session is lost or closed, or (for a grant's signal) the
+/// grant's queue entry disappears. Best effort and possibly late; the fencing token checked
+/// at the resource is what keeps data safe.
 #[derive(Debug, Clone)]
-pub struct LossSignal(watch::Receiver<SessionState>);
+pub struct LossSignal {
+    session: watch::Receiver<SessionState>,
+    entry: Option<watch::Receiver<bool>>,
+}
 
 impl LossSignal {
-    /// Resolves once the session is no longer alive, with its state.
-    pub async fn wait(&mut self) -> SessionState {
-        match self.0.wait_for(|s| *s != SessionState::Alive).await {
-            Ok(s) => *s,
-            // The session (and its keepalive) is gone entirely: nothing keeps the lease.
-            Err(_) => SessionState::Lost,
+    pub(crate) fn new(
+        session: watch::Receiver<SessionState>,
+        entry: Option<watch::Receiver<bool>>,
+    ) -> Self {
+        Self { session, entry }
+    }
+
+    /// Resolves once ownership has ended, saying why.
+    pub async fn wait(&mut self) -> Loss {
+        let Self { session, entry } = self;
+        let session_ended = async {
+            match session.wait_for(|s| *s != SessionState::Alive).await {
+                Ok(s) if *s == SessionState::Closed => Loss::SessionClosed,
+                // Lost, or the session and its keepalive are gone entirely.
+                _ => Loss::SessionLost,
+            }
+        };
+        let entry_deleted = async {
+            if let Some(rx) = entry {
+                if rx.wait_for(|deleted| *deleted).await.is_ok() {
+                    return Loss::EntryDeleted;
+                }
+            }
+            // No entry to follow, or its watcher stopped (grant released): never fires.
+            std::future::pending().await
+        };
+        tokio::select! {
+            loss = session_ended => loss,
+            loss = entry_deleted => loss,
         }
+    }
+
+    pub(crate) fn with_entry(self, entry: Option<watch::Receiver<bool>>) -> Self {
+        Self { entry, ..self }
     }
 
     /// Whether it has fired.
     pub fn is_lost(&self) -> bool {
-        *self.0.borrow() != SessionState::Alive
+        *self.session.borrow() != SessionState::Alive
+            || self.entry.as_ref().is_some_and(|e| *e.borrow())
     }
 }
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use palisade::provider::etcd::EtcdProvider;
 use palisade::{
-    ElectionService, Error, LockService, MemoryProvider, Mode, Observation, Provider,
+    ElectionService, Error, LockService, Loss, MemoryProvider, Mode, Observation, Provider,
     RwLockService, Session, SessionOptions, SessionState,
 };
 
@@ -185,7 +185,7 @@ mod suite {
         let state = tokio::time::timeout(TTL + Duration::from_secs(2), lost.wait())
             .await
             .expect("loss signal in time");
-        assert_eq!(state, SessionState::Lost);
+        assert_eq!(state, Loss::SessionLost);
         assert!(cut_at.elapsed() <= TTL + Duration::from_secs(2));
         assert_eq!(holder.state(), SessionState::Lost);
         assert!(matches!(holder.lock("y").await, Err(Error::SessionLost)));
@@ -362,7 +362,7 @@ mod suite {
         let _g = s.lock("k").await.unwrap();
         let mut signal = s.loss_signal();
         s.close().await.unwrap();
-        assert_eq!(signal.wait().await, SessionState::Closed);
+        assert_eq!(signal.wait().await, Loss::SessionClosed);
         assert!(matches!(s.lock("k2").await, Err(Error::SessionClosed)));
         assert!(
             fx.keys(&format!("{NS}/lock/k/q/")).await.is_empty(),
@@ -584,6 +584,37 @@ mod suite {
         );
     }
 
+    pub(crate) async fn a_deleted_entry_fires_the_grants_loss_signal_but_a_release_does_not(
+        fx: &Fx,
+    ) {
+        let s = fx.session().await;
+        let leader = s.campaign("gone", "v").await.unwrap();
+        let mut signal = leader.loss_signal();
+        assert!(!signal.is_lost());
+        // Someone deletes the entry behind the holder's back (here: a release of that exact
+        // incarnation); the session itself stays alive.
+        assert!(s.release(leader.incarnation()).await.unwrap());
+        let loss = tokio::time::timeout(Duration::from_secs(2), signal.wait())
+            .await
+            .expect("fires");
+        assert_eq!(loss, Loss::EntryDeleted);
+        assert_eq!(s.state(), SessionState::Alive);
+        assert!(matches!(
+            leader.proclaim("x").await,
+            Err(Error::NotLeader { .. })
+        ));
+
+        let g = s.lock("gone").await.unwrap();
+        let mut signal = g.loss_signal();
+        g.unlock().await.unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), signal.wait())
+                .await
+                .is_err(),
+            "own unlock is no loss"
+        );
+    }
+
     async fn next(obs: &mut palisade::election::Observer) -> Observation {
         tokio::time::timeout(Duration::from_secs(5), obs.next())
             .await
@@ -671,6 +702,7 @@ both_providers!(
     lead_cancels_the_work_when_leadership_is_lost,
     a_waiter_survives_a_short_disconnect,
     a_session_resumes_its_lease_but_not_a_revoked_one,
+    a_deleted_entry_fires_the_grants_loss_signal_but_a_release_does_not,
 );
 
 /// Real process crashes, against etcd only: the holder is `examples/lock.rs` or

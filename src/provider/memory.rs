@@ -536,7 +536,7 @@ mod tests {
         assert_eq!(p.keys("/palisade/lock/a/q/").len(), 1);
         p.set_partitioned(true);
         let mut lost = g.loss_signal();
-        assert_eq!(lost.wait().await, crate::SessionState::Lost);
+        assert_eq!(lost.wait().await, crate::Loss::SessionLost);
         tokio::time::sleep(Duration::from_secs(1)).await;
         p.set_partitioned(false);
         assert!(
