@@ -409,17 +409,15 @@ fn prepare(
     // The connector always dials the upstream, so the URI can carry the client's authority:
     // HTTP/2 sends it as :authority (which must agree with any Host), HTTP/1.1 gets a Host
     // header below.
-    let client_authority = parts
-        .headers
-        .get(header::HOST)
-        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
-        .or(original_authority.clone());
-    uri.authority = match upstream.settings.protocol {
-        Protocol::H2c => {
-            Some(client_authority.unwrap_or_else(|| upstream.settings.authority.clone()))
-        }
-        Protocol::Http1 => Some(upstream.settings.authority.clone()),
-    };
+    uri.authority = Some(match upstream.settings.protocol {
+        Protocol::H2c => parts
+            .headers
+            .get(header::HOST)
+            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+            .or_else(|| original_authority.clone())
+            .unwrap_or_else(|| upstream.settings.authority.clone()),
+        Protocol::Http1 => upstream.settings.authority.clone(),
+    });
     uri.path_and_query = Some(path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/")));
     parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
     parts.version = match upstream.settings.protocol {
