@@ -45,8 +45,15 @@ path_prefix = "/"
 guard = false
 "#;
 
-#[tokio::test]
-async fn a_mark_survives_kill_9_and_the_zombie_is_still_rejected() {
+/// A recording upstream and a config file for it, with marks in a fresh directory.
+struct Setup {
+    dir: tempfile::TempDir,
+    up: support::Upstream,
+    marks: std::path::PathBuf,
+    config: std::path::PathBuf,
+}
+
+async fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
     let marks = dir.path().join("marks.json");
@@ -55,6 +62,22 @@ async fn a_mark_survives_kill_9_and_the_zombie_is_still_rejected() {
         "palisade.toml",
         &support::render(CONFIG, up.addr, &marks),
     );
+    Setup {
+        dir,
+        up,
+        marks,
+        config,
+    }
+}
+
+#[tokio::test]
+async fn a_mark_survives_kill_9_and_the_zombie_is_still_rejected() {
+    let Setup {
+        dir: _dir,
+        up,
+        config,
+        ..
+    } = setup().await;
 
     let mut first = spawn_proxy(&config).unwrap();
     let url = format!("http://{}/orders/1", first.addr);
@@ -76,14 +99,12 @@ async fn a_mark_survives_kill_9_and_the_zombie_is_still_rejected() {
 
 #[tokio::test]
 async fn a_corrupt_or_truncated_marks_file_stops_startup() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = support::upstream().await;
-    let marks = dir.path().join("marks.json");
-    let config = write(
-        dir.path(),
-        "palisade.toml",
-        &support::render(CONFIG, up.addr, &marks),
-    );
+    let Setup {
+        dir: _dir,
+        up,
+        marks,
+        config,
+    } = setup().await;
     let mut p = spawn_proxy(&config).unwrap();
     assert_eq!(
         post(&format!("http://{}/orders/1", p.addr), Some("51"))
@@ -140,13 +161,13 @@ fn chunks(total: usize) -> Streamed {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_uploads_and_downloads_stream_with_bounded_memory() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = support::upstream().await;
-    let config = write(
-        dir.path(),
-        "palisade.toml",
-        &support::render(CONFIG, up.addr, &dir.path().join("m.json")),
-    );
+    // `_up` keeps the upstream running for the whole test.
+    let Setup {
+        dir: _dir,
+        up: _up,
+        config,
+        ..
+    } = setup().await;
     let p = spawn_proxy(&config).unwrap();
 
     let h1: Client<HttpConnector, Streamed> =
