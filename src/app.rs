@@ -88,13 +88,30 @@ pub async fn run(
     let admission = Arc::new(Admission::open(store, resources, &metrics).await?);
     let proxy = Arc::new(Proxy::new(&config, Arc::clone(&admission), &metrics));
     let grace = config.proxy.shutdown_grace;
+    for w in &config.warnings {
+        tracing::warn!("config: {w}");
+    }
+    let p = &config.proxy;
+    let limits = server::Limits {
+        max_connections: p.max_connections,
+        header_read_timeout: p.header_read_timeout,
+        idle_timeout: p.idle_timeout,
+        http2_keepalive_interval: p.http2_keepalive_interval,
+        grace,
+    };
+    // The admin listener is for operators and scrapers: a few connections are plenty, and
+    // keeping its own budget means a flood on the data path cannot lock operators out.
+    let admin_limits = server::Limits {
+        max_connections: 64,
+        ..limits.clone()
+    };
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
     let admin_task = listeners.admin.map(|listener| {
         let admin = Admin::new(Arc::clone(&admission), metrics.clone());
         let mut stop = stop_rx.clone();
         tracing::info!(addr = %display_addr(&listener), "admin listening");
-        tokio::spawn(server::serve(
+        tokio::spawn(server::serve_with(
             listener,
             move |req, _peer| {
                 let admin = admin.clone();
@@ -103,7 +120,8 @@ pub async fn run(
             async move {
                 let _ = stop.changed().await;
             },
-            grace,
+            admin_limits,
+            Some(metrics.connections("admin")),
         ))
     });
     tracing::info!(
@@ -113,14 +131,15 @@ pub async fn run(
         marks = ?admission.marks(),
         "palisade listening"
     );
-    server::serve(
+    server::serve_with(
         listeners.proxy,
         move |req, peer| {
             let proxy = Arc::clone(&proxy);
             async move { proxy.handle(req, peer).await }
         },
         shutdown,
-        grace,
+        limits,
+        Some(metrics.connections("proxy")),
     )
     .await;
     drop(stop_tx);

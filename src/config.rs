@@ -36,6 +36,39 @@ pub struct Config {
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
     pub routes: Vec<RouteSettings>,
+    /// Valid but risky choices, each naming its place in the file (see [`ConfigWarning`]).
+    pub warnings: Vec<ConfigWarning>,
+}
+
+/// A configuration that is valid but probably not what was meant, e.g. an unguarded route that
+/// forwards methods a guarded route with the same paths does not list. `palisade check`
+/// prints them; `palisade run` logs them at `warn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// Dotted path of the key, e.g. `route[2].methods`.
+    pub key: String,
+    /// What is risky and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.key,
+            self.message
+        )
+    }
 }
 
 /// `[proxy]`.
@@ -47,6 +80,17 @@ pub struct ProxySettings {
     pub workers: Option<usize>,
     /// `shutdown_grace_ms`: how long in-flight requests may run after a shutdown signal.
     pub shutdown_grace: Duration,
+    /// `max_connections`: open client connections at most; more are accepted and closed.
+    pub max_connections: usize,
+    /// `header_read_timeout_ms`: from accept until the first request head is complete (or the
+    /// HTTP/2 preface arrived).
+    pub header_read_timeout: Duration,
+    /// `idle_timeout_ms`: keep-alive idle (HTTP/1.1) and HTTP/2 idle (no open stream).
+    pub idle_timeout: Duration,
+    /// `http2_keepalive_interval_ms`: HTTP/2 PING interval (and answer timeout); `None` when 0.
+    pub http2_keepalive_interval: Option<Duration>,
+    /// `require_nfkc_paths`: refuse paths whose decoded text changes under Unicode NFKC.
+    pub require_nfkc_paths: bool,
 }
 
 /// `[admin]`.
@@ -135,6 +179,42 @@ impl PathMatch {
     }
 }
 
+impl PathMatch {
+    /// Whether some request path could match both.
+    pub fn overlaps(&self, other: &PathMatch) -> bool {
+        let (a, b) = (self.text(), other.text());
+        a.starts_with(b) || b.starts_with(a)
+    }
+
+    /// Whether every path `other` matches is matched by `self` too.
+    pub fn covers(&self, other: &PathMatch) -> bool {
+        match (self, other) {
+            (PathMatch::Prefix(p), o) => o.text().starts_with(p.as_str()),
+            (PathMatch::Exact(a), PathMatch::Exact(b)) => a == b,
+            (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            PathMatch::Exact(p) | PathMatch::Prefix(p) => p,
+        }
+    }
+}
+
+/// RFC 9110 9.2.1: methods that do not change the resource. With bodies on them refused
+/// (`get_bodies`), an unguarded route may forward them to guarded paths.
+fn is_safe(m: &Method) -> bool {
+    matches!(m.as_str(), "GET" | "HEAD" | "OPTIONS" | "TRACE")
+}
+
+fn hosts_overlap(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
 /// `[[route]]`.
 #[derive(Debug, Clone)]
 pub struct RouteSettings {
@@ -154,8 +234,41 @@ pub struct RouteSettings {
     pub guard: bool,
     /// `missing_token`.
     pub missing_token: MissingToken,
-    /// `strip_token`: remove the token header before forwarding.
+    /// `strip_token`: remove the token header (and trailer) before forwarding.
     pub strip_token: bool,
+    /// `other_methods`: what a guarded route does with a method it does not list.
+    pub other_methods: OtherMethods,
+    /// `get_bodies`: what to do with a request body on GET, HEAD, OPTIONS, TRACE or CONNECT.
+    pub get_bodies: GetBodies,
+    /// `max_token`: tokens above it are refused as malformed (400); `None`: no ceiling.
+    pub max_token: Option<u64>,
+}
+
+/// What a route does with a request whose path (and host) it matches but whose method it does
+/// not list (`other_methods`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OtherMethods {
+    /// Try the next routes (the default). `palisade check` warns when a later unguarded route
+    /// would then forward an unsafe method to the guarded paths.
+    FallThrough,
+    /// Answer 405 Method Not Allowed with an `Allow` header (gRPC UNIMPLEMENTED).
+    Reject,
+}
+
+/// What a route does with a body on a method that has none by convention (`get_bodies`).
+///
+/// Many servers never read a GET body (Python's `BaseHTTPRequestHandler`, many legacy apps), so
+/// its bytes would be parsed as the next request on the connection: a request palisade never
+/// checked. Refusing such bodies closes that smuggling path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GetBodies {
+    /// 400 Bad Request (the default).
+    Reject,
+    /// Forward the body; the upstream connection is closed after that request
+    /// (`Connection: close`) so unread bytes can never be read as another request.
+    Forward,
 }
 
 /// A configuration that could not be read or is invalid.
@@ -211,6 +324,13 @@ mod raw {
         pub(super) workers: Option<Spanned<usize>>,
         #[serde(default = "default_grace")]
         pub(super) shutdown_grace_ms: u64,
+        pub(super) max_connections: Option<Spanned<usize>>,
+        pub(super) header_read_timeout_ms: Option<Spanned<u64>>,
+        pub(super) idle_timeout_ms: Option<Spanned<u64>>,
+        #[serde(default = "default_h2_keepalive")]
+        pub(super) http2_keepalive_interval_ms: u64,
+        #[serde(default)]
+        pub(super) require_nfkc_paths: bool,
     }
 
     #[derive(Deserialize)]
@@ -272,10 +392,24 @@ mod raw {
         pub(super) missing_token: MissingToken,
         #[serde(default)]
         pub(super) strip_token: bool,
+        #[serde(default = "default_other_methods")]
+        pub(super) other_methods: OtherMethods,
+        #[serde(default = "default_get_bodies")]
+        pub(super) get_bodies: GetBodies,
+        pub(super) max_token: Option<Spanned<u64>>,
     }
 
     fn default_grace() -> u64 {
         10_000
+    }
+    fn default_h2_keepalive() -> u64 {
+        20_000
+    }
+    fn default_other_methods() -> OtherMethods {
+        OtherMethods::FallThrough
+    }
+    fn default_get_bodies() -> GetBodies {
+        GetBodies::Reject
     }
     fn default_protocol() -> Protocol {
         Protocol::Http1
@@ -367,6 +501,18 @@ impl Validator<'_> {
         self.error(span.map_or(0, |s| s.start), key, message)
     }
 
+    /// A number that must be at least 1, or `default` when absent.
+    fn positive<T>(&self, v: Option<Spanned<T>>, key: &str, default: T) -> Result<T, ConfigError>
+    where
+        T: Copy + PartialEq + From<u8>,
+    {
+        match v {
+            None => Ok(default),
+            Some(v) if *v.get_ref() == T::from(0) => Err(self.at(&v, key, "must be at least 1")),
+            Some(v) => Ok(v.into_inner()),
+        }
+    }
+
     fn listen(&self, s: &Spanned<String>, key: &str) -> Result<SocketAddr, ConfigError> {
         s.get_ref().parse().map_err(|e| {
             self.at(
@@ -387,6 +533,24 @@ impl Validator<'_> {
                 w => w.map(Spanned::into_inner),
             },
             shutdown_grace: Duration::from_millis(raw.proxy.shutdown_grace_ms),
+            max_connections: self.positive(
+                raw.proxy.max_connections,
+                "proxy.max_connections",
+                10_000,
+            )?,
+            header_read_timeout: Duration::from_millis(self.positive(
+                raw.proxy.header_read_timeout_ms,
+                "proxy.header_read_timeout_ms",
+                10_000,
+            )?),
+            idle_timeout: Duration::from_millis(self.positive(
+                raw.proxy.idle_timeout_ms,
+                "proxy.idle_timeout_ms",
+                60_000,
+            )?),
+            http2_keepalive_interval: (raw.proxy.http2_keepalive_interval_ms > 0)
+                .then(|| Duration::from_millis(raw.proxy.http2_keepalive_interval_ms)),
+            require_nfkc_paths: raw.proxy.require_nfkc_paths,
         };
         let admin = match raw.admin {
             None => Some(AdminSettings {
@@ -481,6 +645,7 @@ impl Validator<'_> {
 
         let mut routes: Vec<RouteSettings> = Vec::with_capacity(raw.route.len());
         let mut names = HashSet::new();
+        let mut spans = Vec::with_capacity(raw.route.len());
         for (i, r) in raw.route.into_iter().enumerate() {
             let key = |k: &str| format!("route[{i}].{k}");
             let name = r.name.get_ref().clone();
@@ -559,17 +724,9 @@ impl Validator<'_> {
             };
             let host = match r.host {
                 None => None,
-                Some(h) => {
-                    let s = h.get_ref();
-                    if s.is_empty() || s.contains([':', '/', ' ']) {
-                        return Err(self.at(
-                            &h,
-                            key("host"),
-                            format_args!("{s:?} must be a bare host name without port"),
-                        ));
-                    }
-                    Some(s.to_ascii_lowercase())
-                }
+                Some(h) => Some(crate::host::parse_route_host(h.get_ref()).map_err(|why| {
+                    self.at(&h, key("host"), format_args!("{:?} {why}", h.get_ref()))
+                })?),
             };
             let resource = match r.resource {
                 None => name.clone(),
@@ -578,6 +735,16 @@ impl Validator<'_> {
                 }
                 Some(res) => res.into_inner(),
             };
+            let max_token = match r.max_token {
+                Some(m) if *m.get_ref() == 0 => {
+                    return Err(self.at(&m, key("max_token"), "must be at least 1"))
+                }
+                Some(m) if !r.guard => {
+                    return Err(self.at(&m, key("max_token"), "only used with guard = true"))
+                }
+                m => m.map(Spanned::into_inner),
+            };
+            spans.push(r.name.span().start);
             routes.push(RouteSettings {
                 name,
                 upstream,
@@ -588,8 +755,12 @@ impl Validator<'_> {
                 guard: r.guard,
                 missing_token: r.missing_token,
                 strip_token: r.strip_token,
+                other_methods: r.other_methods,
+                get_bodies: r.get_bodies,
+                max_token,
             });
         }
+        let warnings = self.method_warnings(&routes, &spans);
         Ok(Config {
             file: self.file.to_path_buf(),
             proxy,
@@ -598,7 +769,97 @@ impl Validator<'_> {
             marks,
             upstreams,
             routes,
+            warnings,
         })
+    }
+
+    /// Warns where an unguarded route forwards, to a guarded route's paths, an unsafe method
+    /// the guarded route does not list (so a zombie could use it unchecked), and where an
+    /// earlier unguarded route takes every request a guarded route was meant to check.
+    fn method_warnings(&self, routes: &[RouteSettings], spans: &[usize]) -> Vec<ConfigWarning> {
+        let mut out = Vec::new();
+        let warn = |i: usize, message: String| {
+            let ConfigError::Invalid {
+                file,
+                line,
+                column,
+                key,
+                message,
+            } = self.error(spans[i], format!("route[{i}]"), message)
+            else {
+                unreachable!("error() builds Invalid")
+            };
+            ConfigWarning {
+                file,
+                line,
+                column,
+                key,
+                message,
+            }
+        };
+        for (gi, g) in routes.iter().enumerate().filter(|(_, g)| g.guard) {
+            for (ri, r) in routes
+                .iter()
+                .enumerate()
+                .filter(|(ri, r)| *ri != gi && !r.guard)
+            {
+                if !hosts_overlap(g.host.as_deref(), r.host.as_deref()) {
+                    continue;
+                }
+                if ri < gi {
+                    let shadowed = r.path.covers(&g.path)
+                        && match (&r.methods, &g.methods) {
+                            (None, _) => true,
+                            (Some(rm), None) => rm.iter().any(|m| !is_safe(m)),
+                            (Some(rm), Some(gm)) => gm.iter().any(|m| rm.contains(m)),
+                        };
+                    if shadowed {
+                        out.push(warn(
+                            ri,
+                            format!(
+                                "unguarded route {:?} comes before guarded route {:?} and matches \
+                                 all of its paths, so requests meant for the guard reach the \
+                                 upstream unchecked; move it after route[{gi}]",
+                                r.name, g.name
+                            ),
+                        ));
+                    }
+                    continue;
+                }
+                let Some(listed) = &g.methods else { continue };
+                if g.other_methods == OtherMethods::Reject || !g.path.overlaps(&r.path) {
+                    continue;
+                }
+                let leaked = match &r.methods {
+                    None => {
+                        "every method it does not list (PROPFIND, MKCOL, MOVE, unknown ones...)"
+                            .to_owned()
+                    }
+                    Some(rm) => {
+                        let unsafe_unlisted: Vec<&str> = rm
+                            .iter()
+                            .filter(|m| !is_safe(m) && !listed.contains(m))
+                            .map(Method::as_str)
+                            .collect();
+                        if unsafe_unlisted.is_empty() {
+                            continue;
+                        }
+                        unsafe_unlisted.join(", ")
+                    }
+                };
+                out.push(warn(
+                    ri,
+                    format!(
+                        "unguarded route {:?} also matches paths of guarded route {:?}, so {leaked} \
+                         sent there reaches the upstream without a token check; list only safe \
+                         methods (GET, HEAD, OPTIONS) on this route, or set other_methods = \
+                         \"reject\" on route[{gi}]",
+                        r.name, g.name
+                    ),
+                ));
+            }
+        }
+        out
     }
 
     fn route_path(&self, p: &Spanned<String>, key: &str) -> Result<String, ConfigError> {

@@ -13,6 +13,7 @@
 //! - [`marks`]: mark stores that keep high-water marks across restarts.
 //! - [`admission`]: the guard composed with a store (persist before forward).
 //! - [`path`]: request paths in normal form, so routes cannot be bypassed.
+//! - [`host`]: Host headers and authorities in one strict form, for the same reason.
 //! - [`config`]: TOML configuration and its validation.
 //! - [`reject`]: every refusal and its HTTP and gRPC form, in one table.
 //! - [`metrics`]: Prometheus metric families.
@@ -35,6 +36,7 @@ pub mod config;
 pub mod election;
 pub mod error;
 pub mod guard;
+pub mod host;
 pub mod lock;
 pub mod marks;
 pub mod metrics;

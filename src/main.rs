@@ -61,11 +61,15 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
+                for w in &c.warnings {
+                    eprintln!("warning: {w}");
+                }
                 println!(
-                    "{}: ok ({} upstreams, {} routes)",
+                    "{}: ok ({} upstreams, {} routes, {} warnings)",
                     config.display(),
                     c.upstreams.len(),
-                    c.routes.len()
+                    c.routes.len(),
+                    c.warnings.len()
                 );
                 ExitCode::SUCCESS
             }
@@ -82,6 +86,7 @@ fn main() -> ExitCode {
                     return ExitCode::from(EXIT_CONFIG);
                 }
             };
+            raise_fd_limit(config.proxy.max_connections);
             // One worker: a current-thread runtime skips the work-stealing machinery entirely.
             let mut rt = match config.proxy.workers {
                 Some(1) => tokio::runtime::Builder::new_current_thread(),
@@ -116,6 +121,31 @@ fn main() -> ExitCode {
                 }
             })
         }
+    }
+}
+
+/// Raises the soft limit on open files to the hard limit: the default soft limit (often 1024)
+/// is far below what `max_connections` plus upstream connections need, and running out makes
+/// every new client fail.
+fn raise_fd_limit(max_connections: usize) {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => {
+            // Each client may need an upstream connection too, plus files and listeners.
+            let needed = (max_connections as u64)
+                .saturating_mul(2)
+                .saturating_add(64);
+            if limit < needed {
+                tracing::warn!(
+                    limit,
+                    max_connections,
+                    "the open-files limit is below twice max_connections; raise the hard limit \
+                     (ulimit -Hn, LimitNOFILE=) or lower max_connections"
+                );
+            } else {
+                tracing::debug!(limit, "open-files limit");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-files limit"),
     }
 }
 

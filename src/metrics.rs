@@ -27,10 +27,13 @@ pub enum Outcome {
     NoRoute,
     /// The upstream failed or timed out after the request was admitted: 502 / 504.
     UpstreamError,
+    /// The path matched a guarded route with `other_methods = "reject"` but the method is not
+    /// one it lists: 405.
+    MethodNotAllowed,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 8] = [
+    const ALL: [Outcome; 9] = [
         Outcome::Admitted,
         Outcome::Passthrough,
         Outcome::Stale,
@@ -39,6 +42,7 @@ impl Outcome {
         Outcome::Unavailable,
         Outcome::NoRoute,
         Outcome::UpstreamError,
+        Outcome::MethodNotAllowed,
     ];
 
     /// The label value.
@@ -52,6 +56,7 @@ impl Outcome {
             Outcome::Unavailable => "unavailable",
             Outcome::NoRoute => "no_route",
             Outcome::UpstreamError => "upstream_error",
+            Outcome::MethodNotAllowed => "method_not_allowed",
         }
     }
 }
@@ -68,11 +73,13 @@ pub struct Metrics {
     inflight: IntGaugeVec,
     store_duration: HistogramVec,
     store_errors: IntCounterVec,
+    connections: IntGaugeVec,
+    conn_closed: IntCounterVec,
 }
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
 #[derive(Debug, Clone)]
-pub struct Outcomes([IntCounter; 8]);
+pub struct Outcomes([IntCounter; 9]);
 
 impl Outcomes {
     /// Counts one request under `outcome`.
@@ -107,6 +114,22 @@ pub struct MarkMetrics {
     pub mark: IntGauge,
     /// `palisade_mark_advances_total{resource}`.
     pub advances: IntCounter,
+}
+
+/// Pre-resolved connection handles of one listener (`listener` label: `proxy` or `admin`).
+#[derive(Debug, Clone)]
+pub struct ConnMetrics {
+    /// `palisade_connections_open{listener}`.
+    pub open: IntGauge,
+    /// `palisade_connections_closed_total{listener,reason="max_connections"}`: accepted and
+    /// closed at once because `max_connections` were open.
+    pub refused: IntCounter,
+    /// `...{reason="header_read_timeout"}`: no complete first request head in time.
+    pub header_timeout: IntCounter,
+    /// `...{reason="idle_timeout"}`: no request in progress for `idle_timeout_ms`.
+    pub idle_timeout: IntCounter,
+    /// `...{reason="accept_error"}`: `accept` failed (out of file descriptors and the like).
+    pub accept_errors: IntCounter,
 }
 
 /// Pre-resolved handles for one store operation.
@@ -184,6 +207,19 @@ impl Metrics {
             ),
             &["store", "op"],
         )?;
+        let connections = IntGaugeVec::new(
+            Opts::new("palisade_connections_open", "Client connections open now."),
+            &["listener"],
+        )?;
+        let conn_closed = IntCounterVec::new(
+            Opts::new(
+                "palisade_connections_closed_total",
+                "Client connections palisade closed on its own, by reason.",
+            ),
+            &["listener", "reason"],
+        )?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(conn_closed.clone()))?;
         registry.register(Box::new(requests.clone()))?;
         registry.register(Box::new(stale.clone()))?;
         registry.register(Box::new(mark.clone()))?;
@@ -202,7 +238,21 @@ impl Metrics {
             inflight,
             store_duration,
             store_errors,
+            connections,
+            conn_closed,
         })
+    }
+
+    /// Connection handles for the listener named `listener`.
+    pub fn connections(&self, listener: &str) -> ConnMetrics {
+        let closed = |reason: &str| self.conn_closed.with_label_values(&[listener, reason]);
+        ConnMetrics {
+            open: self.connections.with_label_values(&[listener]),
+            refused: closed("max_connections"),
+            header_timeout: closed("header_read_timeout"),
+            idle_timeout: closed("idle_timeout"),
+            accept_errors: closed("accept_error"),
+        }
     }
 
     /// Request counters labelled `route` (`""` for requests that matched no route).

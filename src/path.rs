@@ -7,7 +7,12 @@
 //! - has no `.` or `..` segment, also not with `;parameters` after it (`/..;/admin`);
 //! - contains only visible ASCII, and no `\`;
 //! - uses `%XX` escapes only with two hex digits, and never for a character that has a plain
-//!   spelling (letters, digits, `-._~`), for `/`, `\`, `;` or `%` itself, or for a control byte.
+//!   spelling (letters, digits, `-._~`), for `/`, `\`, `;` or `%` itself, or for a control byte;
+//! - escapes bytes above 0x7F only as shortest-form UTF-8 (`%C3%A9`), never overlong forms
+//!   (`%C0%AF` is an old spelling of `/`), surrogates or stray continuation bytes.
+//!
+//! With `require_nfkc_paths` the decoded path must also be unchanged by Unicode NFKC, for
+//! upstreams that normalise (`/%EF%BD%8Frders`, a full-width `o`, reads as `/orders` there).
 //!
 //! Anything else is refused with 400 before routing. The one normalization applied is
 //! upper-casing the hex digits of escapes (`%c3` -> `%C3`), used for matching and forwarding
@@ -45,6 +50,12 @@ pub enum PathError {
     /// An escape that changes meaning when an upstream decodes it.
     #[error("path percent-encodes {0:?}, which must not be encoded")]
     ForbiddenEscape(char),
+    /// Escaped bytes above 0x7F that are not shortest-form UTF-8 (overlong, surrogate, stray).
+    #[error("path percent-encodes bytes that are not shortest-form UTF-8")]
+    BadUtf8Escape,
+    /// The decoded path changes under Unicode NFKC (`require_nfkc_paths`).
+    #[error("path is not in Unicode NFKC form")]
+    NotNfkc,
 }
 
 /// Checks `path` and returns it in normal form (borrowed when nothing changed).
@@ -57,8 +68,15 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
         return Err(PathError::NotAbsolute);
     }
     let mut lower_hex = false;
+    // Consecutive escaped bytes above 0x7F, checked as UTF-8 once the run ends.
+    let mut high = [0u8; 4];
+    let mut high_len = 0;
     let mut i = 0;
     while i < b.len() {
+        if high_len > 0 && (b[i] != b'%' || !b.get(i + 1).is_some_and(|h| hex_value(*h) >= 8)) {
+            end_utf8_run(&high[..high_len], true)?;
+            high_len = 0;
+        }
         match b[i] {
             b'%' => {
                 let (hi, lo) = match (b.get(i + 1), b.get(i + 2)) {
@@ -69,6 +87,16 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                 };
                 lower_hex |= hi.is_ascii_lowercase() || lo.is_ascii_lowercase();
                 let decoded = (hex(hi) << 4) | hex(lo);
+                if decoded >= 0x80 {
+                    high[high_len] = decoded;
+                    high_len += 1;
+                    if let Some(n) = end_utf8_run(&high[..high_len], false)? {
+                        high.copy_within(n..high_len, 0);
+                        high_len -= n;
+                    }
+                    i += 3;
+                    continue;
+                }
                 if decoded.is_ascii_alphanumeric()
                     || matches!(
                         decoded,
@@ -86,6 +114,9 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
             _ => {}
         }
         i += 1;
+    }
+    if high_len > 0 {
+        end_utf8_run(&high[..high_len], true)?;
     }
     let mut segments = path[1..].split('/').peekable();
     while let Some(seg) = segments.next() {
@@ -119,6 +150,38 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
         }
     }
     Ok(Cow::Owned(out))
+}
+
+/// Checks the escaped high bytes seen so far. Returns how many complete, valid characters
+/// lead the buffer (to drop them), `None` while a character is still incomplete, or an error
+/// for an invalid sequence, or for an incomplete one when `at_end`.
+fn end_utf8_run(bytes: &[u8], at_end: bool) -> Result<Option<usize>, PathError> {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => Ok(Some(bytes.len())),
+        Err(e) if e.error_len().is_none() && !at_end => Ok(None),
+        Err(_) => Err(PathError::BadUtf8Escape),
+    }
+}
+
+fn hex_value(c: u8) -> u8 {
+    if c.is_ascii_hexdigit() {
+        hex(c)
+    } else {
+        0
+    }
+}
+
+/// Whether a normal-form path (see [`normalize`]) decodes to text that Unicode NFKC leaves
+/// unchanged. Paths without escapes are ASCII and always are.
+pub fn is_nfkc(path: &str) -> bool {
+    if !path.contains('%') {
+        return true;
+    }
+    let Ok(text) = percent_encoding::percent_decode_str(path).decode_utf8() else {
+        return false;
+    };
+    unicode_normalization::is_nfkc_quick(text.chars()) == unicode_normalization::IsNormalized::Yes
+        || unicode_normalization::UnicodeNormalization::nfkc(text.chars()).eq(text.chars())
 }
 
 fn hex(c: u8) -> u8 {
@@ -200,10 +263,32 @@ mod tests {
             ("/ord ers", RawByte(b' ')),
             ("/orders\0", RawByte(0)),
             ("/ordérs", RawByte(0xc3)),
+            ("/x%C0%AForders", BadUtf8Escape),
+            ("/x%E0%80%AF", BadUtf8Escape),
+            ("/x%ED%A0%80", BadUtf8Escape),
+            ("/x%80", BadUtf8Escape),
+            ("/x%C3", BadUtf8Escape),
+            ("/x%C3/", BadUtf8Escape),
+            ("/x%C3%20", BadUtf8Escape),
+            ("/x%FF", BadUtf8Escape),
+            ("/x%F4%90%80%80", BadUtf8Escape),
         ];
         for (p, want) in cases {
             assert_eq!(normalize(p), Err(want), "{p:?}");
         }
+    }
+
+    #[test]
+    fn shortest_form_utf8_escapes_pass_and_nfkc_is_checked() {
+        for p in ["/caf%C3%A9", "/%E2%82%AC%F0%9F%98%80/x", "/%C3%A9%C3%A9"] {
+            assert!(normalize(p).is_ok(), "{p}");
+            assert!(is_nfkc(p), "{p}");
+        }
+        // Full-width `o` (U+FF4F) and the `fi` ligature (U+FB01) change under NFKC.
+        assert!(normalize("/%EF%BD%8Frders").is_ok());
+        assert!(!is_nfkc("/%EF%BD%8Frders"));
+        assert!(!is_nfkc("/%EF%AC%81le"));
+        assert!(is_nfkc("/orders/7"));
     }
 
     #[test]

@@ -23,9 +23,26 @@ pub enum Rejection {
     /// The token header is not a canonical token.
     #[error("malformed fencing token: {0}")]
     MalformedToken(#[source] TokenError),
-    /// The request is ambiguous (duplicate or conflicting Host).
+    /// The request is ambiguous or unsafe to forward (Host missing, duplicate, conflicting or
+    /// malformed; a body on GET).
     #[error("bad request: {0}")]
     BadRequest(&'static str),
+    /// A header that CGI-style upstreams read as the token header (`x_fencing_token`) on a
+    /// guarded route: the upstream could see a token palisade never checked.
+    #[error("the request carries a header that CGI/WSGI servers merge with the fencing token header (e.g. x_fencing_token); send the token only as the configured header")]
+    TokenAlias,
+    /// The token is above the route's `max_token` ceiling.
+    #[error("fencing token {token} is above this route's max_token {max}")]
+    AboveMaxToken {
+        /// The refused token.
+        token: u64,
+        /// The ceiling.
+        max: u64,
+    },
+    /// The path matched a guarded route with `other_methods = "reject"`, the method is not one
+    /// it lists.
+    #[error("this method is not allowed on this route")]
+    MethodNotAllowed,
     /// The request path is not in normal form (see [`crate::path`]).
     #[error("request path is not in normal form: {0}")]
     BadPath(#[source] PathError),
@@ -88,6 +105,15 @@ impl Rejection {
             }
             Rejection::BadPath(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_path"),
             Rejection::BadRequest(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_request"),
+            Rejection::TokenAlias => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "token_alias"),
+            Rejection::AboveMaxToken { .. } => {
+                (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "token_above_max")
+            }
+            Rejection::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                UNIMPLEMENTED,
+                "method_not_allowed",
+            ),
             Rejection::Stale { .. } => (StatusCode::CONFLICT, ABORTED, "stale_token"),
             Rejection::StoreUnavailable => (
                 StatusCode::SERVICE_UNAVAILABLE,

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Empty, StreamBody};
 use hyper::body::Frame;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -191,7 +191,8 @@ async fn large_uploads_and_downloads_stream_with_bounded_memory() {
         .build(HttpConnector::new());
     for client in [&h1, &h2] {
         let req = Request::get(format!("http://{}/download?{BIG}", p.addr))
-            .body(chunks(0))
+            // No body at all: palisade refuses a body (even an empty chunked one) on GET.
+            .body(BodyExt::boxed(Empty::new()))
             .unwrap();
         let resp = client.request(req).await.unwrap();
         assert_eq!(resp.status(), StatusCode::OK);

@@ -1,0 +1,122 @@
+//! The bodies palisade streams: the client's request body on its way up, the upstream's
+//! response body on its way back.
+
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use bytes::Bytes;
+use http::HeaderName;
+use http_body::{Body, Frame, SizeHint};
+use hyper::body::Incoming;
+use prometheus::IntGauge;
+
+/// Counts a request in `palisade_inflight_requests` until dropped.
+pub(super) struct InflightGuard(IntGauge);
+
+impl InflightGuard {
+    pub(super) fn new(g: &IntGauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The upstream's response body, streamed frame by frame (trailers included), which keeps the
+/// request counted as in flight until it ends or the client goes away.
+pub struct Tracked {
+    pub(super) inner: Incoming,
+    pub(super) _inflight: InflightGuard,
+}
+
+impl std::fmt::Debug for Tracked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracked").finish_non_exhaustive()
+    }
+}
+
+impl Body for Tracked {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The client's request body on its way upstream. With `strip_token`, the token is removed
+/// from request trailers too (HTTP/2 and chunked HTTP/1.1 can carry it there), in both of its
+/// spellings (`x-fencing-token` and the `x_fencing_token` that CGI-style servers merge with it).
+pub struct RequestBody {
+    inner: Incoming,
+    strip: Option<HeaderName>,
+}
+
+impl RequestBody {
+    pub(super) fn new(inner: Incoming, strip: Option<HeaderName>) -> Self {
+        Self { inner, strip }
+    }
+}
+
+impl std::fmt::Debug for RequestBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestBody").finish_non_exhaustive()
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let Some(strip) = &this.strip else {
+            return polled;
+        };
+        polled.map(|frame| {
+            frame.map(|r| {
+                r.map(|f| match f.into_trailers() {
+                    Ok(mut trailers) => {
+                        let doomed: Vec<HeaderName> = trailers
+                            .keys()
+                            .filter(|n| super::request::same_under_cgi(n, strip))
+                            .cloned()
+                            .collect();
+                        for n in doomed {
+                            trailers.remove(n);
+                        }
+                        Frame::trailers(trailers)
+                    }
+                    Err(f) => f,
+                })
+            })
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,339 @@
+//! One client connection: its activity, the watchdog that closes it when it idles, and the
+//! I/O and body wrappers that feed the watchdog.
+//!
+//! The rules (times on tokio's clock, so tests can pause it):
+//!
+//! - **Fresh**: from accept until the first request's head is complete (HTTP/1.1) or the
+//!   HTTP/2 connection preface has arrived, at most `header_read_timeout`. A silent socket, a
+//!   slow head or a half-sent preface is closed then (`reason="header_read_timeout"`).
+//! - **Idle**: no request in progress. After `idle_timeout` the connection is shut down
+//!   gracefully (HTTP/1.1: closed; HTTP/2: GOAWAY, then closed at most a second later), counted
+//!   as `reason="idle_timeout"`. This also bounds an HTTP/2 client that sends HEADERS without
+//!   ever ending the header block, and a slow later head on a keep-alive connection (which
+//!   hyper's own head timer bounds as well).
+//! - **Busy**: at least one request whose response has not ended. No limit here: bodies may
+//!   stream for as long as they need.
+//!
+//! A request is "in progress" from the moment hyper hands it to the service until its response
+//! body has ended or was dropped ([`Counted`]).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+
+use super::Limits;
+use crate::metrics::ConnMetrics;
+
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+/// How long an idle HTTP/2 connection gets to finish after its GOAWAY.
+const GOAWAY_GRACE: Duration = Duration::from_secs(1);
+
+/// What the watchdog knows of one connection. Shared by the I/O wrapper, the service and the
+/// watchdog; every field is an independent fact, so `Relaxed` orderings suffice (the
+/// watchdog re-reads them whenever it wakes, and `Notify` provides the wake-up edge).
+#[derive(Debug)]
+pub(super) struct State {
+    accepted: Instant,
+    /// Requests in progress.
+    active: AtomicUsize,
+    /// Whether any request head completed, or the HTTP/2 preface arrived.
+    started: AtomicBool,
+    /// Nanoseconds after `accepted` at which the connection last became idle.
+    idle_since: AtomicU64,
+    /// Woken when `active` drops to 0 or the preface completes.
+    changed: Notify,
+}
+
+impl State {
+    pub(super) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            accepted: Instant::now(),
+            active: AtomicUsize::new(0),
+            started: AtomicBool::new(false),
+            idle_since: AtomicU64::new(0),
+            changed: Notify::new(),
+        })
+    }
+
+    /// Called by the service for each request; the guard ends it.
+    pub(super) fn request_started(self: &Arc<Self>) -> Active {
+        self.active.fetch_add(1, Ordering::Relaxed);
+        self.started.store(true, Ordering::Relaxed);
+        Active(Arc::clone(self))
+    }
+
+    fn mark_idle(&self) {
+        let nanos = u64::try_from(self.accepted.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.idle_since.store(nanos, Ordering::Relaxed);
+        self.changed.notify_one();
+    }
+
+    /// When the connection must be closed if nothing changes, and why; `None` while busy.
+    fn deadline(&self, limits: &Limits) -> Option<(Instant, Reason)> {
+        if !self.started.load(Ordering::Relaxed) {
+            return Some((
+                self.accepted + limits.header_read_timeout,
+                Reason::HeaderRead,
+            ));
+        }
+        if self.active.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let since = Duration::from_nanos(self.idle_since.load(Ordering::Relaxed));
+        Some((self.accepted + since + limits.idle_timeout, Reason::Idle))
+    }
+}
+
+/// One request in progress; dropping it ends the request for the watchdog.
+#[derive(Debug)]
+pub(super) struct Active(Arc<State>);
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0.mark_idle();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    HeaderRead,
+    Idle,
+}
+
+/// The client's socket, watched for the HTTP/2 preface (which ends the fresh phase: an h2
+/// client may open its connection well before its first request).
+pub(super) struct Watched {
+    io: TcpStream,
+    state: Arc<State>,
+    /// How many bytes of the preface matched so far; `u8::MAX` once decided.
+    preface: u8,
+}
+
+impl Watched {
+    pub(super) fn new(io: TcpStream, state: Arc<State>) -> Self {
+        Self {
+            io,
+            state,
+            preface: 0,
+        }
+    }
+
+    fn observe(&mut self, read: &[u8]) {
+        let at = usize::from(self.preface);
+        let want = &H2_PREFACE[at..];
+        let n = read.len().min(want.len());
+        if read[..n] != want[..n] {
+            self.preface = u8::MAX;
+            return;
+        }
+        let done = at + n;
+        if done == H2_PREFACE.len() {
+            self.preface = u8::MAX;
+            self.state.started.store(true, Ordering::Relaxed);
+            self.state.mark_idle();
+        } else {
+            self.preface = u8::try_from(done).unwrap_or(u8::MAX);
+        }
+    }
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut this.io).poll_read(cx, buf);
+        if this.preface != u8::MAX && matches!(r, Poll::Ready(Ok(()))) {
+            let filled = &buf.filled()[before..];
+            if !filled.is_empty() {
+                this.observe(filled);
+            }
+        }
+        r
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A response body that keeps its request counted as in progress until it ends or is
+    /// dropped.
+    pub struct Counted<B> {
+        #[pin]
+        inner: B,
+        active: Option<Active>,
+    }
+}
+
+impl<B> Counted<B> {
+    pub(super) fn new(inner: B, active: Active) -> Self {
+        Self {
+            inner,
+            active: Some(active),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for Counted<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counted").finish_non_exhaustive()
+    }
+}
+
+impl<B> Body for Counted<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        let r = this.inner.poll_frame(cx);
+        if matches!(r, Poll::Ready(None | Some(Err(_)))) {
+            *this.active = None;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The watchdog of one connection.
+pub(super) struct Watch {
+    pub(super) state: Arc<State>,
+    pub(super) limits: Arc<Limits>,
+    pub(super) metrics: Option<ConnMetrics>,
+    pub(super) stopping: watch::Receiver<bool>,
+    pub(super) peer: SocketAddr,
+}
+
+impl Watch {
+    /// Drives `conn` to its end, shutting it down when a limit passes or the server stops.
+    pub(super) async fn drive<C>(mut self, conn: C)
+    where
+        C: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
+            + GracefulShutdown,
+    {
+        tokio::pin!(conn);
+        // Set once a graceful shutdown began: the connection is dropped at this instant.
+        let mut hard_stop: Option<Instant> = None;
+        loop {
+            let deadline = match hard_stop {
+                Some(at) => Some((at, None)),
+                None => self
+                    .state
+                    .deadline(&self.limits)
+                    .map(|(at, r)| (at, Some(r))),
+            };
+            let sleep = async {
+                match deadline {
+                    Some((at, _)) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                res = conn.as_mut() => {
+                    if let Err(e) = res {
+                        tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+                    }
+                    return;
+                }
+                () = self.state.changed.notified() => {}
+                changed = self.stopping.changed(), if hard_stop.is_none() => {
+                    if changed.is_err() || *self.stopping.borrow() {
+                        conn.as_mut().shutdown_gracefully();
+                        // The server's own grace period bounds this connection from here.
+                        hard_stop = Some(Instant::now() + self.limits.grace);
+                    }
+                }
+                () = sleep => {
+                    let Some((at, reason)) = deadline else { continue };
+                    let Some(reason) = reason else {
+                        return; // the graceful shutdown took too long
+                    };
+                    // The state may have changed since the deadline was computed.
+                    if self.state.deadline(&self.limits).is_none_or(|(now_at, _)| now_at > at) {
+                        continue;
+                    }
+                    match reason {
+                        Reason::HeaderRead => {
+                            if let Some(m) = &self.metrics {
+                                m.header_timeout.inc();
+                            }
+                            tracing::debug!(peer = %self.peer, "no complete request head in time; closing");
+                            return;
+                        }
+                        Reason::Idle => {
+                            if let Some(m) = &self.metrics {
+                                m.idle_timeout.inc();
+                            }
+                            tracing::debug!(peer = %self.peer, "connection idle; closing");
+                            conn.as_mut().shutdown_gracefully();
+                            hard_stop = Some(Instant::now() + GOAWAY_GRACE);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A connection that can be asked to finish (hyper-util's `auto::Connection`).
+pub(super) trait GracefulShutdown {
+    /// HTTP/1.1: close after the current response; HTTP/2: GOAWAY.
+    fn shutdown_gracefully(self: Pin<&mut Self>);
+}

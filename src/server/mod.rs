@@ -1,0 +1,227 @@
+//! Accept loop shared by the proxy and admin listeners.
+//!
+//! Servers take an already-bound listener and a shutdown future, so tests bind port 0 and
+//! callers decide what "shutdown" means (a signal, a test's oneshot). On shutdown the listener
+//! is closed at once, open connections are asked to finish (HTTP/1.1 after the current
+//! response, HTTP/2 with GOAWAY), and whatever is still running after `grace` is dropped.
+//!
+//! A client cannot hold resources for free: every connection is watched by [`conn`]
+//! (`header_read_timeout`, `idle_timeout`), at most `max_connections` are open at once (more
+//! are accepted and closed at once, counted), and running out of file descriptors never makes
+//! the accept loop spin (see [`serve_with`]).
+
+mod conn;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use http_body::Body;
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch};
+
+use crate::metrics::ConnMetrics;
+
+pub use conn::Counted;
+
+/// What one listener allows a client connection (`[proxy]` keys of DESIGN 5).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// `max_connections`: open client connections; more are accepted and closed at once.
+    pub max_connections: usize,
+    /// `header_read_timeout_ms`: from accept until the first request's head is complete
+    /// (HTTP/1.1), or until the HTTP/2 preface arrived.
+    pub header_read_timeout: Duration,
+    /// `idle_timeout_ms`: how long a connection may stay open with no request in progress
+    /// (HTTP/1.1 keep-alive; HTTP/2 with no open stream, also after its preface).
+    pub idle_timeout: Duration,
+    /// `http2_keepalive_interval_ms`: PING an HTTP/2 client this often and close the
+    /// connection when a PING is not answered within the same time; `None`: no PINGs.
+    pub http2_keepalive_interval: Option<Duration>,
+    /// After shutdown begins, how long in-flight requests may still run.
+    pub grace: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: 10_000,
+            header_read_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            http2_keepalive_interval: Some(Duration::from_secs(20)),
+            grace: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Serves HTTP/1.1 and h2c on `listener` until `shutdown` resolves, calling `handle` for each
+/// request with the peer's address, with default [`Limits`] and the given shutdown `grace`.
+///
+/// Returns once every connection has finished or `grace` has passed.
+pub async fn serve<H, F, B>(
+    listener: TcpListener,
+    handle: H,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) where
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let limits = Limits {
+        grace,
+        ..Limits::default()
+    };
+    serve_with(listener, handle, shutdown, limits, None).await;
+}
+
+/// [`serve`] with explicit [`Limits`] and, optionally, connection metrics.
+///
+/// Out of file descriptors (`EMFILE`/`ENFILE`), the loop frees a descriptor it keeps in
+/// reserve, accepts the waiting connection and closes it at once, then takes the reserve back:
+/// the kernel's queue drains instead of the same error coming back in a busy loop. Without a
+/// reserve it backs off for 50 ms.
+pub async fn serve_with<H, F, B>(
+    listener: TcpListener,
+    handle: H,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+    metrics: Option<ConnMetrics>,
+) where
+    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's own head timer runs from the moment a keep-alive connection starts waiting for
+    // the next head; the watchdog in `conn` enforces the precise limits, this is a backstop.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.idle_timeout + limits.header_read_timeout);
+    let mut h2 = builder.http2();
+    h2.timer(TokioTimer::new());
+    if let Some(every) = limits.http2_keepalive_interval {
+        h2.keep_alive_interval(every).keep_alive_timeout(every);
+    }
+    let limits = Arc::new(limits);
+    let open = Arc::new(AtomicUsize::new(0));
+    // Each connection task holds a sender; `recv` returns `None` once all have finished.
+    let (alive, mut all_done) = mpsc::channel::<Infallible>(1);
+    let (stop, stopping) = watch::channel(false);
+    let mut reserve = reserve_fd();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    if let Some(m) = &metrics {
+                        m.accept_errors.inc();
+                    }
+                    if out_of_descriptors(&e) && reserve.is_some() {
+                        tracing::warn!(error = %e, "out of file descriptors: closing a new connection");
+                        drop(reserve.take());
+                        if let Ok(Ok((s, _))) =
+                            tokio::time::timeout(Duration::ZERO, listener.accept()).await
+                        {
+                            drop(s);
+                        }
+                        reserve = reserve_fd();
+                    } else {
+                        tracing::warn!(error = %e, "accept failed; backing off");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        // The count goes up here and down when the task ends: no lock, and a refused
+        // connection never reaches hyper.
+        if open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
+            open.fetch_sub(1, Ordering::AcqRel);
+            if let Some(m) = &metrics {
+                m.refused.inc();
+            }
+            tracing::debug!(peer = %peer, max = limits.max_connections, "max_connections reached; closing");
+            drop(stream);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let state = conn::State::new();
+        let handle = handle.clone();
+        let svc_state = Arc::clone(&state);
+        let svc = service_fn(move |req| {
+            let active = svc_state.request_started();
+            let fut = handle(req, peer);
+            async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
+        });
+        let io = conn::Watched::new(stream, Arc::clone(&state));
+        let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+        let watch = conn::Watch {
+            state,
+            limits: Arc::clone(&limits),
+            metrics: metrics.clone(),
+            stopping: stopping.clone(),
+            peer,
+        };
+        let open = Arc::clone(&open);
+        let alive = alive.clone();
+        let gauge = metrics.as_ref().map(|m| m.open.clone());
+        if let Some(g) = &gauge {
+            g.inc();
+        }
+        tokio::spawn(async move {
+            watch.drive(conn).await;
+            open.fetch_sub(1, Ordering::AcqRel);
+            if let Some(g) = gauge {
+                g.dec();
+            }
+            drop(alive);
+        });
+    }
+    drop(listener);
+    drop(alive);
+    let _ = stop.send(true);
+    tokio::select! {
+        _ = all_done.recv() => tracing::debug!("all connections closed"),
+        () = tokio::time::sleep(limits.grace) => tracing::warn!(grace = ?limits.grace, "shutdown grace period over; dropping open connections"),
+    }
+}
+
+/// A descriptor held in reserve for the out-of-descriptors case.
+fn reserve_fd() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
+
+fn out_of_descriptors(e: &io::Error) -> bool {
+    // EMFILE (24): this process's limit; ENFILE (23): the system's.
+    matches!(e.raw_os_error(), Some(23 | 24))
+}
+
+impl<I, S, E, B> conn::GracefulShutdown for auto::Connection<'static, I, S, E>
+where
+    S: hyper::service::HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    E: auto::HttpServerConnExec<S::Future, B>,
+{
+    fn shutdown_gracefully(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
