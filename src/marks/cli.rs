@@ -169,7 +169,14 @@ impl Target {
 
     fn describe(&self) -> String {
         match self {
-            Target::File(path) => format!("marks file {}", path.display()),
+            // Absolute, so that the audit log names the file wherever the command ran.
+            Target::File(path) => format!(
+                "marks file {}",
+                std::path::absolute(path)
+                    .as_deref()
+                    .unwrap_or(path)
+                    .display()
+            ),
         }
     }
 
@@ -287,7 +294,11 @@ fn set(
         "host": who.host,
         "pid": std::process::id(),
         "store": target.describe(),
-        "config": config.file.display().to_string(),
+        "config": std::path::absolute(&config.file)
+            .as_deref()
+            .unwrap_or(&config.file)
+            .display()
+            .to_string(),
     });
     // Before the change: a change whose line could not be written must not happen.
     audit::append(&log, &line).map_err(|source| CliError::Audit {
@@ -313,7 +324,7 @@ fn set(
         old,
         new = value,
         user = who.user.as_deref().unwrap_or("?"),
-        uid = ?who.uid,
+        uid = %who.uid.map_or_else(|| "?".to_owned(), |u| u.to_string()),
         host = who.host.as_deref().unwrap_or("?"),
         store = %target.describe(),
         audit_log = %log.display(),

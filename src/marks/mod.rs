@@ -81,8 +81,8 @@ pub enum StoreError {
     /// Another process holds the marks file: a running proxy, or `palisade marks set`. Two
     /// writers would each keep their own copy of the map and overwrite the other's advances.
     #[error(
-        "a palisade process holds {path} (advisory lock on {lock}); stop it first: only one \
-         process may use a marks file at a time"
+        "a palisade process holds {path} (advisory lock on {lock}; `fuser -v {lock}` names \
+         it); stop it first: only one process may use a marks file at a time"
     )]
     Locked {
         /// The marks file.
