@@ -281,3 +281,28 @@ async fn a_second_proxy_on_the_same_marks_file_refuses_to_start() {
     first.kill9();
     spawn_proxy(&second).expect("starts once the first is gone");
 }
+
+#[tokio::test]
+async fn readyz_fails_when_the_marks_directory_takes_no_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let sub = dir.path().join("d");
+    let marks = sub.join("marks.json");
+    let config = write(
+        dir.path(),
+        "palisade.toml",
+        &support::render(CONFIG, up.addr, &marks),
+    );
+    let proxy = spawn_proxy(&config).unwrap();
+    let readyz = format!("http://{}/readyz", proxy.admin.unwrap());
+
+    // The directory is still there (a stat, as /readyz did before, says ready), but nothing
+    // can be written where the probe goes; as root, permission bits would not stop the write.
+    // Nothing has probed yet (the first probe runs on the first /readyz), so the answer below
+    // is not a result cached from before.
+    std::fs::create_dir(sub.join("marks.json.probe")).unwrap();
+    let r = support::get(&readyz).await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
+    assert!(r.text().contains("marks.json.probe"), "{}", r.text());
+    assert!(r.text().contains("probe create failed"), "{}", r.text());
+}
