@@ -1,7 +1,8 @@
 //! `palisade`: the fencing reverse proxy.
 //!
 //! `palisade run --config FILE` serves until SIGTERM/SIGINT; `palisade check --config FILE`
-//! validates a configuration and exits 2 on the first error.
+//! validates a configuration and exits 2 on the first error; `palisade marks list|set` shows
+//! and repairs stored marks (see `palisade::marks::cli`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -53,12 +54,16 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
+    /// Show stored marks, or set one (audited recovery from a forged or runaway token).
+    #[command(subcommand)]
+    Marks(palisade::marks::cli::MarksCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
+        Command::Marks(command) => palisade::marks::cli::run(command),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 for w in &c.warnings {

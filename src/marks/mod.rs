@@ -5,6 +5,8 @@
 //! persist returns an error and the request is refused with 503: a mark that only lived in
 //! memory would let a zombie in after a restart.
 
+mod audit;
+pub mod cli;
 pub mod file;
 pub mod memory;
 
@@ -38,7 +40,8 @@ pub trait MarkStore: Send + Sync + 'static {
     fn persist<'a>(&'a self, resource: &'a str, mark: u64)
         -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// Whether the store can currently take writes (for `/readyz`).
+    /// Whether the store can currently take writes (for `/readyz`): a real write where the
+    /// store has one, its result reused briefly so that polling stays cheap.
     fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
@@ -74,6 +77,18 @@ pub enum StoreError {
         /// What the JSON parser found.
         #[source]
         source: serde_json::Error,
+    },
+    /// Another process holds the marks file: a running proxy, or `palisade marks set`. Two
+    /// writers would each keep their own copy of the map and overwrite the other's advances.
+    #[error(
+        "a palisade process holds {path} (advisory lock on {lock}; `fuser -v {lock}` names \
+         it); stop it first: only one process may use a marks file at a time"
+    )]
+    Locked {
+        /// The marks file.
+        path: PathBuf,
+        /// The lock file beside it.
+        lock: PathBuf,
     },
     /// The store did not answer in time.
     #[error("mark store did not answer within {0:?}")]
