@@ -176,7 +176,11 @@ impl Proxy {
             let why = Rejection::BadRequest(
                 "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
             );
-            return self.refuse(route, why, Outcome::Malformed, None, grpc, peer, started);
+            let mut resp = self.refuse(route, why, Outcome::Malformed, None, grpc, peer, started);
+            // The unread body must not be parsed as this connection's next request either.
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
         }
         // Routing judged the host without a trailing dot; the upstream must see the same.
         let normalized_host = host.trailing_dot.then(|| match host.port {

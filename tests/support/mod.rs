@@ -323,9 +323,16 @@ pub struct ProxyProcess {
 /// Starts `palisade run --config <path>` and waits until it reports its listening address.
 /// Returns the child's stderr text instead when it exits before listening.
 pub fn spawn_proxy(config: &Path) -> Result<ProxyProcess, (Option<i32>, String)> {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
-        .args(["--log-format", "json", "run", "--config"])
-        .arg(config)
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_palisade"));
+    cmd.args(["--log-format", "json", "run", "--config"])
+        .arg(config);
+    spawn_command(cmd)
+}
+
+/// Spawns `cmd` (which must end up running `palisade --log-format json run ...`) and waits
+/// until it reports its listening address, as [`spawn_proxy`] does.
+fn spawn_command(mut cmd: Command) -> Result<ProxyProcess, (Option<i32>, String)> {
+    let mut child = cmd
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -388,4 +395,27 @@ pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p
+}
+
+/// [`spawn_proxy`] with the open-files limit set first, as `ulimit -S -n soft` (and
+/// `ulimit -H -n hard`) in a shell that then `exec`s palisade: the child's pid is palisade's.
+/// `soft` must not exceed `hard` (nor the current hard limit).
+pub fn spawn_proxy_with_nofile(
+    config: &Path,
+    soft: u64,
+    hard: Option<u64>,
+) -> Result<ProxyProcess, (Option<i32>, String)> {
+    // Soft first: lowering the hard limit below the current soft limit would fail.
+    let mut script = format!("ulimit -S -n {soft}");
+    if let Some(hard) = hard {
+        script.push_str(&format!(" && ulimit -H -n {hard}"));
+    }
+    script.push_str(" && exec \"$0\" \"$@\"");
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c")
+        .arg(script)
+        .arg(env!("CARGO_BIN_EXE_palisade"))
+        .args(["--log-format", "json", "run", "--config"])
+        .arg(config);
+    spawn_command(cmd)
 }

@@ -1,0 +1,582 @@
+//! Regression tests for the proxy hardening (issue 6): each attack that got a stale write past
+//! a realistic configuration, sent over raw sockets (or raw HTTP/2 frames) as an attacker
+//! would, against a "legacy" upstream that behaves like Python's `BaseHTTPRequestHandler`.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the legacy upstream executed: `(method, path, host, token, connection header)`.
+#[derive(Debug, Clone, Default)]
+struct Executed(Arc<Mutex<Vec<Exec>>>);
+
+#[derive(Debug, Clone)]
+struct Exec {
+    method: String,
+    path: String,
+    host: Option<String>,
+    token: Option<String>,
+}
+
+impl Executed {
+    fn all(&self) -> Vec<Exec> {
+        self.0.lock().unwrap().clone()
+    }
+    fn stale_writes(&self, stale: &str) -> Vec<Exec> {
+        self.all()
+            .into_iter()
+            .filter(|e| e.token.as_deref() == Some(stale))
+            .collect()
+    }
+}
+
+/// A keep-alive HTTP/1.1 server in the manner of `BaseHTTPRequestHandler`: it reads a body
+/// only when Content-Length is set and the method is not GET/HEAD/OPTIONS/TRACE, never
+/// understands chunked bodies, and honours `Connection: close`. Bytes it does not read are
+/// parsed as the next request.
+async fn legacy_upstream() -> (std::net::SocketAddr, Executed) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let log = Executed::default();
+    let out = log.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((s, _)) = l.accept().await else { return };
+            let log = log.clone();
+            tokio::spawn(async move {
+                let mut r = BufReader::new(s);
+                loop {
+                    let mut line = String::new();
+                    if r.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    let mut words = line.split_whitespace();
+                    let (Some(method), Some(path)) = (words.next(), words.next()) else {
+                        let _ = r.get_mut().write_all(b"HTTP/1.1 400 Bad\r\n\r\n").await;
+                        return;
+                    };
+                    let (method, path) = (method.to_owned(), path.to_owned());
+                    let (mut len, mut close, mut token, mut host) = (0usize, false, None, None);
+                    loop {
+                        let mut h = String::new();
+                        if r.read_line(&mut h).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        let h = h.trim_end();
+                        if h.is_empty() {
+                            break;
+                        }
+                        let (k, v) = h.split_once(':').unwrap_or((h, ""));
+                        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_owned());
+                        match k.as_str() {
+                            "content-length" => len = v.parse().unwrap_or(0),
+                            "connection" => close = v.eq_ignore_ascii_case("close"),
+                            "x-fencing-token" => token = Some(v),
+                            "host" => host = Some(v),
+                            _ => {}
+                        }
+                    }
+                    if !matches!(method.as_str(), "GET" | "HEAD" | "OPTIONS" | "TRACE") {
+                        let mut body = vec![0; len];
+                        if r.read_exact(&mut body).await.is_err() {
+                            return;
+                        }
+                    }
+                    log.0.lock().unwrap().push(Exec {
+                        method,
+                        path,
+                        host,
+                        token,
+                    });
+                    let resp = if close {
+                        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok"
+                    } else {
+                        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if r.get_mut().write_all(resp.as_bytes()).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, out)
+}
+
+/// The realistic shape: a guarded write route, a host-scoped guarded route, and an unguarded
+/// catch-all that lists no methods (the configuration the attacks were found with).
+const CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+{proxy_extra}
+[admin]
+listen = "127.0.0.1:0"
+[marks]
+store = "file"
+path = "{marks}"
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+[[route]]
+name = "orders-write"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST", "PUT", "PATCH", "DELETE"]
+resource = "orders"
+{orders_extra}
+[[route]]
+name = "hosted"
+upstream = "legacy"
+host = "api.example.com"
+path_prefix = "/hosted"
+resource = "hosted"
+[[route]]
+name = "capped"
+upstream = "legacy"
+path_prefix = "/capped"
+resource = "capped"
+max_token = 1000
+[[route]]
+name = "forwarding"
+upstream = "legacy"
+path_prefix = "/forwarding"
+guard = false
+get_bodies = "forward"
+[[route]]
+name = "everything-else"
+upstream = "legacy"
+path_prefix = "/"
+guard = false
+"#;
+
+struct Env {
+    proxy: support::Proxy,
+    exec: Executed,
+    _dir: tempfile::TempDir,
+}
+
+async fn env_with(proxy_extra: &str, orders_extra: &str) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let (up, exec) = legacy_upstream().await;
+    let text = support::render(CONFIG, up, &dir.path().join("marks.json"))
+        .replace("{proxy_extra}", proxy_extra)
+        .replace("{orders_extra}", orders_extra);
+    let proxy = support::proxy(&text, dir.path()).await;
+    let e = Env {
+        proxy,
+        exec,
+        _dir: dir,
+    };
+    // Owner B wrote with 51: every 34 from now on is a zombie.
+    assert_eq!(e.raw(&req("POST", "/orders/1", "h", "51")).await, 200);
+    assert_eq!(
+        e.raw(&req("POST", "/hosted/1", "api.example.com", "51"))
+            .await,
+        200
+    );
+    e
+}
+
+async fn env() -> Env {
+    env_with("", "").await
+}
+
+fn req(method: &str, target: &str, host: &str, token: &str) -> String {
+    format!(
+        "{method} {target} HTTP/1.1\r\nhost: {host}\r\nx-fencing-token: {token}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )
+}
+
+impl Env {
+    /// Sends `bytes` on a new connection and returns the first response's status (0 when the
+    /// connection closed without one).
+    async fn raw(&self, bytes: &str) -> u16 {
+        raw_response(self.proxy.addr, bytes.as_bytes()).await.0
+    }
+}
+
+async fn raw_response(addr: std::net::SocketAddr, bytes: &[u8]) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut resp = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut resp)).await;
+    let text = String::from_utf8_lossy(&resp).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[tokio::test]
+async fn a_request_smuggled_in_a_get_body_never_reaches_the_upstream() {
+    let e = env().await;
+    let inner =
+        "POST /orders/1 HTTP/1.1\r\nhost: h\r\nx-fencing-token: 34\r\ncontent-length: 0\r\n\r\n";
+    let outer = |path: &str| {
+        format!(
+            "GET {path} HTTP/1.1\r\nhost: h\r\ncontent-length: {}\r\n\r\n{inner}",
+            inner.len()
+        )
+    };
+    // Refused by default, on the catch-all too.
+    let (status, text) = raw_response(e.proxy.addr, outer("/public").as_bytes()).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("bad_request"), "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("connection: close"),
+        "the unread body must not be read as the next request: {text}"
+    );
+    // The same with chunked framing, and on HEAD/OPTIONS.
+    for m in ["GET", "HEAD", "OPTIONS", "TRACE"] {
+        let chunked = format!(
+            "{m} /public HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{inner}\r\n0\r\n\r\n",
+            inner.len()
+        );
+        assert_eq!(e.raw(&chunked).await, 400, "{m} chunked");
+    }
+    // A route that opts in forwards the body, and the upstream connection is closed after it,
+    // so the embedded request is never parsed.
+    let forward = outer("/forwarding").replacen("\r\n\r\n", "\r\nconnection: close\r\n\r\n", 1);
+    let (status, text) = raw_response(e.proxy.addr, forward.as_bytes()).await;
+    assert_eq!(status, 200, "{text}");
+    // A later request on a pooled connection must not find the leftovers either.
+    assert_eq!(e.raw(&req("GET", "/public", "h", "1")).await, 200);
+    assert!(
+        e.exec.stale_writes("34").is_empty(),
+        "the smuggled POST was executed: {:?}",
+        e.exec.all()
+    );
+    assert!(e
+        .exec
+        .all()
+        .iter()
+        .any(|x| x.method == "GET" && x.path == "/forwarding"));
+    // An empty body is no body.
+    assert_eq!(
+        e.raw("GET /public HTTP/1.1\r\nhost: h\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+            .await,
+        200
+    );
+}
+
+const UNLISTED: [&str; 12] = [
+    "PROPFIND",
+    "MKCOL",
+    "MOVE",
+    "COPY",
+    "LOCK",
+    "PROPPATCH",
+    "MERGE",
+    "REPORT",
+    "SEARCH",
+    "QUERY",
+    "FOO",
+    "UNLOCK",
+];
+
+#[tokio::test]
+async fn unlisted_methods_are_refused_with_405_when_the_guarded_route_says_so() {
+    let e = env_with("", "other_methods = \"reject\"").await;
+    for m in UNLISTED {
+        let (status, text) =
+            raw_response(e.proxy.addr, req(m, "/orders/1", "h", "34").as_bytes()).await;
+        assert_eq!(status, 405, "{m}: {text}");
+        let allow = text
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("allow:"))
+            .unwrap_or_else(|| panic!("no Allow header: {text}"));
+        assert!(allow.contains("POST, PUT, PATCH, DELETE"), "{allow}");
+    }
+    // CONNECT in authority form has no path to route: 400.
+    let connect = "CONNECT api.example.com:443 HTTP/1.1\r\nhost: api.example.com:443\r\nx-fencing-token: 34\r\nconnection: close\r\n\r\n";
+    assert_eq!(e.raw(connect).await / 100, 4);
+    assert!(e.exec.stale_writes("34").is_empty(), "{:?}", e.exec.all());
+    let m = e.proxy.metrics().await;
+    assert_eq!(
+        support::metric(
+            &m,
+            "palisade_requests_total{outcome=\"method_not_allowed\",route=\"orders-write\"}"
+        ),
+        Some(UNLISTED.len() as f64)
+    );
+}
+
+#[tokio::test]
+async fn a_catch_all_listing_safe_methods_forwards_no_unlisted_method() {
+    // The shipped example's shape: the catch-all lists GET, HEAD, OPTIONS only.
+    let dir = tempfile::tempdir().unwrap();
+    let (up, exec) = legacy_upstream().await;
+    let text = support::render(CONFIG, up, &dir.path().join("marks.json"))
+        .replace("{proxy_extra}", "")
+        .replace("{orders_extra}", "")
+        .replace(
+            "path_prefix = \"/\"\nguard = false",
+            "path_prefix = \"/\"\nmethods = [\"GET\", \"HEAD\", \"OPTIONS\"]\nguard = false",
+        );
+    let config = palisade::Config::parse(&text, &dir.path().join("p.toml")).unwrap();
+    assert!(config.warnings.is_empty(), "{:?}", config.warnings);
+    let proxy = support::proxy(&text, dir.path()).await;
+    for m in UNLISTED {
+        let (status, _) = raw_response(proxy.addr, req(m, "/orders/1", "h", "34").as_bytes()).await;
+        assert_eq!(status, 404, "{m}");
+    }
+    assert!(exec.all().is_empty(), "{:?}", exec.all());
+    // Reads still pass.
+    let (status, _) = raw_response(proxy.addr, req("GET", "/orders/1", "h", "34").as_bytes()).await;
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn check_warns_when_an_unguarded_route_forwards_unlisted_methods() {
+    let text = support::render(CONFIG, "127.0.0.1:1".parse().unwrap(), "m.json".as_ref())
+        .replace("{proxy_extra}", "")
+        .replace("{orders_extra}", "");
+    let c = palisade::Config::parse(&text, "p.toml".as_ref()).unwrap();
+    let w: Vec<String> = c.warnings.iter().map(ToString::to_string).collect();
+    assert!(
+        w.iter().any(|w| w.contains("route[4]")
+            && w.contains("\"everything-else\"")
+            && w.contains("\"orders-write\"")
+            && w.contains("other_methods")),
+        "{w:?}"
+    );
+    // other_methods = "reject" is the other fix.
+    let fixed = text.replace(
+        "resource = \"orders\"\n",
+        "resource = \"orders\"\nother_methods = \"reject\"\n",
+    );
+    let c = palisade::Config::parse(&fixed, "p.toml".as_ref()).unwrap();
+    assert!(
+        !c.warnings
+            .iter()
+            .any(|w| w.message.contains("orders-write")),
+        "{:?}",
+        c.warnings
+    );
+    // An unguarded route listed first that covers a guarded one is flagged too.
+    let shadow = text.replace(
+        "[[route]]\nname = \"orders-write\"",
+        "[[route]]\nname = \"early\"\nupstream = \"legacy\"\npath_prefix = \"/\"\nguard = false\n[[route]]\nname = \"orders-write\"",
+    );
+    let c = palisade::Config::parse(&shadow, "p.toml".as_ref()).unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.message.contains("comes before")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[tokio::test]
+async fn a_missing_or_malformed_host_never_skips_a_host_scoped_route() {
+    let e = env().await;
+    let body = "x-fencing-token: 34\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+    let cases = [
+        format!("POST /hosted/1 HTTP/1.1\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.0\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: \r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com..\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com:80:80\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: u@api.example.com\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com, other\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com,other\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com/x\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: .api.example.com\r\n{body}"),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com:\r\n{body}"),
+        format!(
+            "POST http://u@api.example.com/hosted/1 HTTP/1.1\r\nhost: u@api.example.com\r\n{body}"
+        ),
+        format!(
+            "POST http://u@api.example.com/hosted/1 HTTP/1.1\r\nhost: api.example.com\r\n{body}"
+        ),
+        format!(
+            "POST http://api.example.com/hosted/1 HTTP/1.1\r\nhost: other.example.com\r\n{body}"
+        ),
+        format!("POST /hosted/1 HTTP/1.1\r\nhost: api.example.com\r\nhost: other\r\n{body}"),
+    ];
+    for c in &cases {
+        let (status, text) = raw_response(e.proxy.addr, c.as_bytes()).await;
+        assert_eq!(status, 400, "{c:?}: {text}");
+    }
+    // A trailing dot names the same host: judged by the guard, and forwarded without the dot.
+    let dotted = format!("POST /hosted/1 HTTP/1.1\r\nhost: API.example.com.:8080\r\n{body}");
+    assert_eq!(e.raw(&dotted).await, 409);
+    assert!(e.exec.stale_writes("34").is_empty(), "{:?}", e.exec.all());
+    let fresh = dotted.replace("34", "52");
+    assert_eq!(e.raw(&fresh).await, 200);
+    let last = e.exec.all().pop().unwrap();
+    assert_eq!(
+        last.host.as_deref(),
+        Some("API.example.com:8080"),
+        "{last:?}"
+    );
+}
+
+#[tokio::test]
+async fn smaller_holes_overlong_escapes_token_aliases_max_token_grpc_types() {
+    let e = env_with("require_nfkc_paths = true", "").await;
+    // Overlong UTF-8 (an old spelling of '/') and other invalid escapes: 400.
+    for target in ["/x%C0%AF..%C0%AForders/1", "/orders%C0%AF1", "/x%ED%A0%80"] {
+        assert_eq!(
+            e.raw(&req("POST", target, "h", "34")).await,
+            400,
+            "{target}"
+        );
+    }
+    // A full-width 'o' that an NFKC-normalising upstream reads as /orders.
+    assert_eq!(
+        e.raw(&req("POST", "/%EF%BD%8Frders/1", "h", "34")).await,
+        400
+    );
+    // `x_fencing_token` next to (or instead of) the real header on a guarded route.
+    for alias in ["x_fencing_token", "x-fencing_token"] {
+        let r = format!("POST /orders/1 HTTP/1.1\r\nhost: h\r\nx-fencing-token: 51\r\n{alias}: 34\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        let (status, text) = raw_response(e.proxy.addr, r.as_bytes()).await;
+        assert_eq!(status, 400, "{alias}: {text}");
+        assert!(text.contains("token_alias"), "{text}");
+    }
+    // max_token: a forged huge token is refused and leaves the mark alone.
+    assert_eq!(e.raw(&req("POST", "/capped/1", "h", "1000")).await, 200);
+    let (status, text) = raw_response(
+        e.proxy.addr,
+        req("POST", "/capped/1", "h", "18446744073709551615").as_bytes(),
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("token_above_max"), "{text}");
+    assert_eq!(e.proxy.marks().await["capped"], 1000);
+    // Only real gRPC content types get the trailers-only form.
+    let ct = |t: &str| {
+        format!("POST /orders/1 HTTP/1.1\r\nhost: h\r\ncontent-type: {t}\r\nx-fencing-token: 34\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+    };
+    let (status, text) = raw_response(e.proxy.addr, ct("application/grpcfoo").as_bytes()).await;
+    assert_eq!(status, 409, "{text}");
+    let (status, text) = raw_response(e.proxy.addr, ct("application/grpc+proto").as_bytes()).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        text.to_ascii_lowercase().contains("grpc-status: 10"),
+        "{text}"
+    );
+    assert!(e.exec.stale_writes("34").is_empty(), "{:?}", e.exec.all());
+}
+
+/// Reads until EOF or error; `true` when the peer closed within `limit`.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test]
+async fn silent_partial_and_idle_connections_are_closed() {
+    let e = env_with(
+        "header_read_timeout_ms = 300\nidle_timeout_ms = 600\nhttp2_keepalive_interval_ms = 0",
+        "",
+    )
+    .await;
+    let addr = e.proxy.addr;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut partial = TcpStream::connect(addr).await.unwrap();
+    partial
+        .write_all(b"GET / HTTP/1.1\r\nhost: h\r\n")
+        .await
+        .unwrap();
+    let mut half_preface = TcpStream::connect(addr).await.unwrap();
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
+    // h2c: a full preface and SETTINGS, then a HEADERS frame without END_HEADERS that never
+    // gets its CONTINUATION.
+    let mut h2 = TcpStream::connect(addr).await.unwrap();
+    h2.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
+    h2.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap(); // empty SETTINGS
+                                                               // HEADERS on stream 1 with END_STREAM but not END_HEADERS; payload `:method GET`.
+    h2.write_all(&[0, 0, 1, 1, 0x1, 0, 0, 0, 1, 0x82])
+        .await
+        .unwrap();
+    // A keep-alive connection that served one request, then went quiet.
+    let mut keep = TcpStream::connect(addr).await.unwrap();
+    keep.write_all(b"GET / HTTP/1.1\r\nhost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 256];
+    let n = keep.read(&mut first).await.unwrap();
+    assert!(String::from_utf8_lossy(&first[..n]).starts_with("HTTP/1.1 200"));
+
+    for (name, s) in [
+        ("silent", &mut silent),
+        ("partial head", &mut partial),
+        ("half preface", &mut half_preface),
+        ("h2 headers without end", &mut h2),
+        ("keep-alive idle", &mut keep),
+    ] {
+        assert!(
+            closed_within(s, Duration::from_secs(5)).await,
+            "{name} connection still open"
+        );
+    }
+    let m = e.proxy.metrics().await;
+    let closed = |r: &str| {
+        support::metric(
+            &m,
+            &format!("palisade_connections_closed_total{{listener=\"proxy\",reason=\"{r}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    assert!(closed("header_read_timeout") >= 3.0, "{m}");
+    assert!(closed("idle_timeout") >= 2.0, "{m}");
+}
+
+#[tokio::test]
+async fn a_response_slower_than_the_idle_timeout_is_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let text = support::render(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+header_read_timeout_ms = 200
+idle_timeout_ms = 200
+[admin]
+listen = "127.0.0.1:0"
+[marks]
+store = "memory"
+[[upstream]]
+name = "u"
+url = "http://{upstream}"
+[[route]]
+name = "all"
+upstream = "u"
+path_prefix = "/"
+guard = false
+"#,
+        up.addr,
+        &dir.path().join("m.json"),
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    for client in [support::http1_client(), support::h2c_client()] {
+        let got = support::send(
+            &client,
+            http::Method::GET,
+            &proxy.url("/a/slow?700"),
+            &[],
+            b"",
+        )
+        .await;
+        assert_eq!(got.status, 200);
+        assert_eq!(got.text(), "slow done");
+    }
+}
