@@ -13,6 +13,8 @@
 # - Each run: 2 s warm-up, then DURATION seconds measured (default 10).
 #
 # Usage: benches/load.sh            (DURATION=5 CONNS="16 64" benches/load.sh to shorten)
+#        BASELINE=/path/to/older/palisade benches/load.sh   also runs that binary, same config,
+#        interleaved in the same run, and prints this build / baseline (before/after a change).
 # Needs nginx and wrk (installed with apt-get when missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -55,7 +57,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-UP=$(free_port); NGX=$(free_port); PAL=$(free_port); ADM=$(free_port)
+UP=$(free_port); NGX=$(free_port); PAL=$(free_port); ADM=$(free_port); BPAL=$(free_port); BADM=$(free_port)
 
 cat >"$WORK/upstream.conf" <<CONF
 worker_processes 1;
@@ -110,6 +112,13 @@ CONF
 "${PROXY_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' & PIDS+=($!)
 RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/palisade.toml" 2>"$WORK/palisade.log" & PIDS+=($!)
 wait_port "$UP"; wait_port "$NGX"; wait_port "$PAL"
+if [[ -n ${BASELINE:-} ]]; then
+  mkdir -p "$WORK/baseline"
+  sed -e "s/127.0.0.1:$PAL/127.0.0.1:$BPAL/" -e "s/127.0.0.1:$ADM/127.0.0.1:$BADM/" \
+    "$WORK/palisade.toml" >"$WORK/baseline/palisade.toml"
+  RUST_LOG=warn "${PROXY_CPU[@]}" "$BASELINE" run --config "$WORK/baseline/palisade.toml" 2>"$WORK/baseline.log" & PIDS+=($!)
+  wait_port "$BPAL"
+fi
 
 run_wrk() { # name port conns -> "rps p99_ms"
   local out
@@ -129,9 +138,14 @@ for c in $CONNS; do
   read -r nrps np99 < <(run_wrk nginx "$NGX" "$c")
   read -r drps dp99 < <(run_wrk direct "$UP" "$c")
   ratio=$(awk -v a="$prps" -v b="$nrps" 'BEGIN {printf "%.2f", a/b}')
+  if [[ -n ${BASELINE:-} ]]; then
+    read -r brps bp99 < <(run_wrk baseline "$BPAL" "$c")
+    base_line=$(awk -v a="$prps" -v b="$brps" -v p="$bp99" 'BEGIN {printf "baseline %.0f rps (p99 %.2f ms): this/baseline %.3fx", b, p, a/b}')
+  fi
   pratio=$(awk -v a="$pp99" -v b="$np99" 'BEGIN {printf "%.2f", a/b}')
   printf "%-6s | %10.0f (%7.2f)    | %10.0f (%7.2f)    | %10.0f (%7.2f)    | %sx, %sx\n" \
     "$c" "$prps" "$pp99" "$nrps" "$np99" "$drps" "$dp99" "$ratio" "$pratio"
+  [[ -n ${BASELINE:-} ]] && echo "       $base_line"
 done
 curl_metrics() { exec 3<>/dev/tcp/127.0.0.1/$ADM; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3; cat <&3; exec 3>&-; }
 echo "palisade admitted: $(curl_metrics | awk '/^palisade_requests_total\{outcome="admitted",route="bench"\}/ {print $2}')"

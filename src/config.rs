@@ -958,6 +958,66 @@ methods = ["POST"]
     }
 
     #[test]
+    fn connection_limits_have_defaults_and_refuse_zero() {
+        let c = Config::parse(BASE, Path::new("p.toml")).unwrap();
+        assert_eq!(c.proxy.max_connections, 10_000);
+        assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(10));
+        assert_eq!(c.proxy.idle_timeout, Duration::from_secs(60));
+        assert_eq!(
+            c.proxy.http2_keepalive_interval,
+            Some(Duration::from_secs(20))
+        );
+        for key in [
+            "max_connections",
+            "header_read_timeout_ms",
+            "idle_timeout_ms",
+        ] {
+            let text = BASE.replace(
+                "listen = \"127.0.0.1:0\"",
+                &format!("listen = \"127.0.0.1:0\"\n{key} = 0"),
+            );
+            let (line, _, k, msg) = err(&text);
+            assert_eq!((line, k.as_str()), (4, format!("proxy.{key}").as_str()));
+            assert!(msg.contains("at least 1"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn route_hosts_max_token_and_method_policies_are_validated() {
+        let (_, _, key, msg) = err(&BASE.replace(
+            "methods = [\"POST\"]",
+            "methods = [\"POST\"]\nhost = \"u@api.example.com\"",
+        ));
+        assert_eq!(key, "route[0].host");
+        assert!(msg.contains("letters, digits"), "{msg}");
+        let (_, _, key, _) = err(&BASE.replace(
+            "methods = [\"POST\"]",
+            "methods = [\"POST\"]\nmax_token = 0",
+        ));
+        assert_eq!(key, "route[0].max_token");
+        let (_, _, key, _) = err(&BASE.replace(
+            "methods = [\"POST\"]",
+            "methods = [\"POST\"]\nguard = false\nmax_token = 9",
+        ));
+        assert_eq!(key, "route[0].max_token");
+        let (_, _, key, _) = err(&BASE.replace(
+            "methods = [\"POST\"]",
+            "methods = [\"POST\"]\nother_methods = \"drop\"",
+        ));
+        assert_eq!(key, "route[0].other_methods");
+        let c = Config::parse(
+            &BASE.replace(
+                "methods = [\"POST\"]",
+                "methods = [\"POST\"]\nhost = \"API.Example.com.\"\nget_bodies = \"forward\"",
+            ),
+            Path::new("p.toml"),
+        )
+        .unwrap();
+        assert_eq!(c.routes[0].host.as_deref(), Some("api.example.com"));
+        assert_eq!(c.routes[0].get_bodies, GetBodies::Forward);
+    }
+
+    #[test]
     fn route_paths_must_be_normal() {
         let (_, _, key, msg) = err(&BASE.replace("\"/orders\"", "\"/a/../orders\""));
         assert_eq!(key, "route[0].path_prefix");

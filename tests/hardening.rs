@@ -580,3 +580,92 @@ guard = false
         assert_eq!(got.text(), "slow done");
     }
 }
+
+#[tokio::test]
+async fn strip_token_also_removes_the_token_from_request_trailers() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, StreamBody};
+    use hyper::body::Frame;
+
+    // An upstream that records the trailers of every request it receives.
+    let seen: Arc<Mutex<Vec<http::HeaderMap>>> = Arc::default();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let log = Arc::clone(&seen);
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |req: http::Request<hyper::body::Incoming>, _| {
+            let log = Arc::clone(&log);
+            async move {
+                let collected = req.into_body().collect().await.unwrap();
+                log.lock()
+                    .unwrap()
+                    .push(collected.trailers().cloned().unwrap_or_default());
+                http::Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))
+            }
+        },
+        std::future::pending::<()>(),
+        Duration::from_secs(1),
+    ));
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::render(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+[admin]
+listen = "127.0.0.1:0"
+[marks]
+store = "memory"
+[[upstream]]
+name = "u"
+url = "http://{upstream}"
+protocol = "h2c"
+[[route]]
+name = "stripped"
+upstream = "u"
+path_prefix = "/stripped"
+resource = "r"
+strip_token = true
+[[route]]
+name = "kept"
+upstream = "u"
+path_prefix = "/kept"
+resource = "r"
+"#,
+        up,
+        &dir.path().join("m.json"),
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let client: hyper_util::client::legacy::Client<_, StreamBody<_>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    for path in ["/stripped/1", "/kept/1"] {
+        let mut trailers = http::HeaderMap::new();
+        trailers.insert("x-fencing-token", http::HeaderValue::from_static("34"));
+        trailers.insert("x-other", http::HeaderValue::from_static("kept"));
+        let frames = vec![
+            Ok::<_, std::convert::Infallible>(Frame::data(Bytes::from_static(b"body"))),
+            Ok(Frame::trailers(trailers)),
+        ];
+        let req = http::Request::post(proxy.url(path))
+            .header("x-fencing-token", "51")
+            .body(StreamBody::new(tokio_stream::iter(frames)))
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(
+        seen[0].get("x-fencing-token"),
+        None,
+        "stripped: {:?}",
+        seen[0]
+    );
+    assert_eq!(seen[0]["x-other"], "kept");
+    assert_eq!(
+        seen[1]["x-fencing-token"], "34",
+        "kept route forwards trailers as sent"
+    );
+}

@@ -283,7 +283,7 @@ fn check_names_file_line_column_and_key_and_exits_2() {
 }
 
 #[test]
-fn the_shipped_example_config_is_valid() {
+fn the_shipped_example_config_is_valid_without_warnings() {
     let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
         .args([
             "check",
@@ -292,9 +292,36 @@ fn the_shipped_example_config_is_valid() {
         ])
         .output()
         .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
     assert!(
-        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).contains("0 warnings"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn check_prints_a_warning_for_a_catch_all_that_forwards_unlisted_methods() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/palisade.toml"))
+            .unwrap();
+    let risky = shipped.replace("methods = [\"GET\", \"HEAD\", \"OPTIONS\"]\n", "");
+    assert_ne!(risky, shipped, "the shipped catch-all lists safe methods");
+    let path = write(dir.path(), "risky.toml", &risky);
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "a warning is not an error: {stderr}");
+    assert!(
+        stderr.contains("warning:")
+            && stderr.contains("risky.toml:")
+            && stderr.contains("\"reads\""),
+        "{stderr}"
     );
 }
