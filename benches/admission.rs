@@ -22,6 +22,9 @@ use palisade::marks::MemoryStore;
 use palisade::metrics::Metrics;
 use palisade::{FencingToken, Verdict, Watermark};
 
+/// The drain time of the benchmarked resource (no request is in flight, so never waited).
+const DRAIN: Duration = Duration::from_secs(2);
+
 /// The baseline a first implementation would write: one map of marks behind one mutex.
 #[derive(Default)]
 struct NaiveGuard(Mutex<HashMap<String, u64>>);
@@ -102,7 +105,7 @@ fn equal(c: &mut Criterion) {
             })
         });
         let (adm, res, rt) = admission("orders");
-        rt.block_on(adm.admit(&res, t(51))).unwrap();
+        rt.block_on(adm.admit(&res, t(51), DRAIN)).unwrap();
         g.bench_function(BenchmarkId::new("admission", threads), |b| {
             b.iter_custom(|n| {
                 let (adm, res) = (adm.clone(), res.clone());
@@ -112,7 +115,7 @@ fn equal(c: &mut Criterion) {
                     Arc::new(move |_| {
                         // The equal path never awaits: one poll with a no-op waker completes
                         // it, so no runtime entry is measured.
-                        let mut fut = std::pin::pin!(adm.admit(&res, t(51)));
+                        let mut fut = std::pin::pin!(adm.admit(&res, t(51), DRAIN));
                         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
                         match fut.as_mut().poll(&mut cx) {
                             std::task::Poll::Ready(r) => assert!(r.is_ok()),
@@ -171,7 +174,7 @@ fn advance(c: &mut Criterion) {
                     Arc::new(move |_| {
                         let tok = t(next.fetch_add(1, Ordering::Relaxed));
                         // With two threads a token can lose to a higher one: stale is a valid answer.
-                        let _ = handle.block_on(adm.admit(&res, tok));
+                        let _ = handle.block_on(adm.admit(&res, tok, DRAIN));
                     }),
                 )
             })

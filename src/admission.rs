@@ -7,8 +7,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use crate::drain::{Drain, Entry, Ticket};
 use crate::guard::{Verdict, Watermark};
 use crate::marks::{MarkStore, Marks, StoreError};
 use crate::metrics::{MarkMetrics, Metrics, StoreMetrics};
@@ -20,6 +21,7 @@ pub struct Resource {
     name: Arc<str>,
     mark: Watermark,
     advancing: tokio::sync::Mutex<()>,
+    drain: Drain,
     metrics: MarkMetrics,
 }
 
@@ -132,6 +134,7 @@ impl Admission {
                     name: name.into(),
                     mark: Watermark::new(initial),
                     advancing: tokio::sync::Mutex::new(()),
+                    drain: Drain::new(initial),
                     metrics,
                 };
                 (name.to_owned(), Arc::new(res))
@@ -163,10 +166,14 @@ impl Admission {
         &*self.store
     }
 
-    /// Decides whether `resource` admits `token` (DESIGN 3).
+    /// Decides whether `resource` admits `token` (DESIGN 3), and counts the admitted request
+    /// as in flight until the returned [`Ticket`] is dropped (see [`crate::drain`]).
     ///
-    /// The advance path runs in its own task so that a client hanging up mid-advance cannot
-    /// leave the store written but the mark unpublished, or hold the advance lock half-way.
+    /// An advance persists the token, publishes it, and then waits for the requests admitted
+    /// under older marks for at most `drain_timeout` before aborting them; equal-token requests
+    /// that arrive during that drain wait for it too. The advance path runs in its own task so
+    /// that a client hanging up mid-advance cannot leave the store written but the mark
+    /// unpublished, or hold the advance lock half-way.
     ///
     /// # Errors
     /// [`Refused::Stale`] below the mark, [`Refused::Unavailable`] when an advance could not be
@@ -175,23 +182,37 @@ impl Admission {
         &self,
         resource: &Arc<Resource>,
         token: FencingToken,
-    ) -> Result<Admitted, Refused> {
-        match resource.mark.check(token) {
-            Verdict::Admit => Ok(Admitted::Current),
-            Verdict::Stale { mark } => Err(Refused::Stale { token, mark }),
-            Verdict::Advance { .. } => {
-                let task = tokio::spawn(advance(
-                    Arc::clone(resource),
-                    Arc::clone(&self.store),
-                    self.persist_metrics.clone(),
-                    token,
-                ));
-                match task.await {
-                    Ok(r) => r,
-                    Err(e) => Err(Refused::Unavailable {
+        drain_timeout: Duration,
+    ) -> Result<(Admitted, Ticket), Refused> {
+        loop {
+            match resource.mark.check(token) {
+                Verdict::Stale { mark } => return Err(Refused::Stale { token, mark }),
+                Verdict::Admit => match resource.drain.enter(token.get()) {
+                    Entry::Entered(ticket) => return Ok((Admitted::Current, ticket)),
+                    Entry::Stale { mark } => return Err(Refused::Stale { token, mark }),
+                    Entry::NotReady(generation) => Drain::wait_ready(&generation).await,
+                    Entry::Retry => tokio::task::yield_now().await,
+                },
+                Verdict::Advance { .. } => {
+                    let task = tokio::spawn(advance(
+                        Arc::clone(resource),
+                        Arc::clone(&self.store),
+                        self.persist_metrics.clone(),
                         token,
-                        source: StoreError::TaskLost(e),
-                    }),
+                        drain_timeout,
+                    ));
+                    match task.await {
+                        Ok(Ok(Some(admitted))) => return Ok(admitted),
+                        // Another advance to the same token won the lock: judge again.
+                        Ok(Ok(None)) => continue,
+                        Ok(Err(e)) => return Err(e),
+                        Err(e) => {
+                            return Err(Refused::Unavailable {
+                                token,
+                                source: StoreError::TaskLost(e),
+                            })
+                        }
+                    }
                 }
             }
         }
@@ -201,16 +222,19 @@ impl Admission {
 /// How long an advance may wait for the store before it is refused with 503.
 pub const PERSIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// The advance path: `Ok(None)` when the token turned out equal to the mark by the time the
+/// lock was taken (the caller then enters the normal way).
 async fn advance(
     res: Arc<Resource>,
     store: Arc<dyn MarkStore>,
     metrics: StoreMetrics,
     token: FencingToken,
-) -> Result<Admitted, Refused> {
+    drain_timeout: Duration,
+) -> Result<Option<(Admitted, Ticket)>, Refused> {
     let _serialized = res.advancing.lock().await;
     // Another advance may have won while this one waited for the lock.
     let from = match res.mark.check(token) {
-        Verdict::Admit => return Ok(Admitted::Current),
+        Verdict::Admit => return Ok(None),
         Verdict::Stale { mark } => return Err(Refused::Stale { token, mark }),
         Verdict::Advance { from } => from,
     };
@@ -228,17 +252,37 @@ async fn advance(
         metrics.errors.inc();
         return Err(Refused::Unavailable { token, source });
     }
+    // The new generation goes in before the mark is published, so that no request admitted
+    // under the new mark can be counted in the old generation.
+    let (ticket, old) = res.drain.install(token.get());
     let now = res.mark.publish(token);
     res.metrics.mark.set(now as i64);
     res.metrics.advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced");
-    Ok(Admitted::Advanced { from })
+    let drained = res.drain.finish(&ticket, &old, drain_timeout).await;
+    res.metrics
+        .drain_duration
+        .observe(drained.waited.as_secs_f64());
+    if drained.aborted > 0 {
+        res.metrics.drain_timeouts.inc();
+        res.metrics.drain_aborted.inc_by(drained.aborted);
+        tracing::warn!(
+            resource = %res.name,
+            mark = now,
+            aborted = drained.aborted,
+            ?drain_timeout,
+            "requests of older owners still in flight after the drain time were aborted"
+        );
+    }
+    Ok(Some((Admitted::Advanced { from }, ticket)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::marks::MemoryStore;
+
+    const D: Duration = Duration::from_secs(2);
 
     fn t(v: u64) -> FencingToken {
         FencingToken::new(v).unwrap()
@@ -253,13 +297,13 @@ mod tests {
             .unwrap();
         let r = adm.resource("orders").unwrap().clone();
         assert_eq!(r.mark(), 34);
-        assert_eq!(adm.admit(&r, t(34)).await.unwrap(), Admitted::Current);
+        assert_eq!(adm.admit(&r, t(34), D).await.unwrap().0, Admitted::Current);
         assert_eq!(
-            adm.admit(&r, t(51)).await.unwrap(),
+            adm.admit(&r, t(51), D).await.unwrap().0,
             Admitted::Advanced { from: 34 }
         );
         assert!(matches!(
-            adm.admit(&r, t(34)).await,
+            adm.admit(&r, t(34), D).await,
             Err(Refused::Stale { mark: 51, .. })
         ));
         assert_eq!(store.load().await.unwrap().get("orders"), Some(&51));
@@ -302,7 +346,7 @@ mod tests {
                         }
                         let t = t(base.load(SeqCst) + x % 8 - 4);
                         let before = highest.load(SeqCst);
-                        match adm.admit(&res, t).await {
+                        match adm.admit(&res, t, D).await {
                             Ok(_) => {
                                 assert!(
                                     t.get() >= before,

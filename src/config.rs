@@ -242,6 +242,9 @@ pub struct RouteSettings {
     pub get_bodies: GetBodies,
     /// `max_token`: tokens above it are refused as malformed (400); `None`: no ceiling.
     pub max_token: Option<u64>,
+    /// `drain_timeout_ms`: on an advance through this route, how long to wait for requests
+    /// admitted under older marks before aborting them (see [`crate::drain`]).
+    pub drain_timeout: Duration,
 }
 
 /// What a route does with a request whose path (and host) it matches but whose method it does
@@ -397,10 +400,15 @@ mod raw {
         #[serde(default = "default_get_bodies")]
         pub(super) get_bodies: GetBodies,
         pub(super) max_token: Option<Spanned<u64>>,
+        #[serde(default = "default_drain")]
+        pub(super) drain_timeout_ms: u64,
     }
 
     fn default_grace() -> u64 {
         10_000
+    }
+    fn default_drain() -> u64 {
+        2_000
     }
     fn default_h2_keepalive() -> u64 {
         20_000
@@ -758,6 +766,7 @@ impl Validator<'_> {
                 other_methods: r.other_methods,
                 get_bodies: r.get_bodies,
                 max_token,
+                drain_timeout: Duration::from_millis(r.drain_timeout_ms),
             });
         }
         let warnings = self.method_warnings(&routes, &spans);

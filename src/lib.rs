@@ -12,6 +12,7 @@
 //! - [`guard`]: the admission rule, pure (no I/O).
 //! - [`marks`]: mark stores that keep high-water marks across restarts.
 //! - [`admission`]: the guard composed with a store (persist before forward).
+//! - [`drain`]: requests in flight per mark, drained (or aborted) before an advance goes on.
 //! - [`path`]: request paths in normal form, so routes cannot be bypassed.
 //! - [`host`]: Host headers and authorities in one strict form, for the same reason.
 //! - [`config`]: TOML configuration and its validation.
@@ -33,6 +34,7 @@ pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod config;
+pub mod drain;
 pub mod election;
 pub mod error;
 pub mod guard;

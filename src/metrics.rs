@@ -75,6 +75,9 @@ pub struct Metrics {
     store_errors: IntCounterVec,
     connections: IntGaugeVec,
     conn_closed: IntCounterVec,
+    drain_duration: HistogramVec,
+    drain_timeouts: IntCounterVec,
+    drain_aborted: IntCounterVec,
 }
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
@@ -114,6 +117,13 @@ pub struct MarkMetrics {
     pub mark: IntGauge,
     /// `palisade_mark_advances_total{resource}`.
     pub advances: IntCounter,
+    /// `palisade_drain_duration_seconds{resource}`: how long an advance waited for older
+    /// owners' in-flight requests.
+    pub drain_duration: Histogram,
+    /// `palisade_drain_timeouts_total{resource}`: drains that ran out of time.
+    pub drain_timeouts: IntCounter,
+    /// `palisade_drain_aborted_requests_total{resource}`: requests aborted by those.
+    pub drain_aborted: IntCounter,
 }
 
 /// Pre-resolved connection handles of one listener (`listener` label: `proxy` or `admin`).
@@ -218,6 +228,33 @@ impl Metrics {
             ),
             &["listener", "reason"],
         )?;
+        let drain_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "palisade_drain_duration_seconds",
+                "How long an advance waited for requests of older owners still in flight.",
+            )
+            .buckets(vec![
+                0.0, 0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0,
+            ]),
+            &["resource"],
+        )?;
+        let drain_timeouts = IntCounterVec::new(
+            Opts::new(
+                "palisade_drain_timeouts_total",
+                "Advances whose drain ran out of time and aborted older requests.",
+            ),
+            &["resource"],
+        )?;
+        let drain_aborted = IntCounterVec::new(
+            Opts::new(
+                "palisade_drain_aborted_requests_total",
+                "Requests of older owners aborted because they outlasted the drain time.",
+            ),
+            &["resource"],
+        )?;
+        registry.register(Box::new(drain_duration.clone()))?;
+        registry.register(Box::new(drain_timeouts.clone()))?;
+        registry.register(Box::new(drain_aborted.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(conn_closed.clone()))?;
         registry.register(Box::new(requests.clone()))?;
@@ -240,6 +277,9 @@ impl Metrics {
             store_errors,
             connections,
             conn_closed,
+            drain_duration,
+            drain_timeouts,
+            drain_aborted,
         })
     }
 
@@ -275,6 +315,9 @@ impl Metrics {
         MarkMetrics {
             mark: self.mark.with_label_values(&[resource]),
             advances: self.advances.with_label_values(&[resource]),
+            drain_duration: self.drain_duration.with_label_values(&[resource]),
+            drain_timeouts: self.drain_timeouts.with_label_values(&[resource]),
+            drain_aborted: self.drain_aborted.with_label_values(&[resource]),
         }
     }
 

@@ -10,6 +10,70 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use prometheus::IntGauge;
 
+use crate::drain::{AbortSignal, Ticket};
+
+/// The error a body reports when its request was aborted by a drain (see [`crate::drain`]).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "aborted: a newer owner's token advanced the mark and this request outlasted the drain time"
+)]
+pub struct Aborted;
+
+/// The error type of palisade's bodies: hyper's, or [`Aborted`].
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A drain ticket and its abort signal, carried by a body.
+pub(super) struct InFlight {
+    _ticket: Ticket,
+    abort: AbortSignal,
+}
+
+impl InFlight {
+    pub(super) fn new(ticket: Ticket) -> Self {
+        let abort = ticket.abort_signal();
+        Self {
+            _ticket: ticket,
+            abort,
+        }
+    }
+}
+
+/// Polls `inner`, failing with [`Aborted`] once `flight`'s generation is aborted: a body
+/// that waits on its peer (a frozen client mid-body) is woken by the abort itself.
+fn poll_guarded<B>(
+    inner: Pin<&mut B>,
+    flight: &mut Option<InFlight>,
+    cx: &mut TaskContext<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, BodyError>>>
+where
+    B: Body<Data = Bytes, Error = hyper::Error>,
+{
+    if let Some(f) = flight {
+        if f.abort.is_aborted() {
+            return Poll::Ready(Some(Err(Box::new(Aborted))));
+        }
+    }
+    match inner.poll_frame(cx) {
+        Poll::Ready(r) => {
+            if r.is_none() {
+                // The body is over: this half of the exchange no longer counts.
+                *flight = None;
+            }
+            Poll::Ready(r.map(|r| r.map_err(Into::into)))
+        }
+        Poll::Pending => {
+            let aborted = flight
+                .as_mut()
+                .is_some_and(|f| f.abort.poll_aborted(cx).is_ready());
+            if aborted {
+                Poll::Ready(Some(Err(Box::new(Aborted))))
+            } else {
+                Poll::Pending
+            }
+        }
+    }
+}
+
 /// Counts a request in `palisade_inflight_requests` until dropped.
 pub(super) struct InflightGuard(IntGauge);
 
@@ -31,6 +95,7 @@ impl Drop for InflightGuard {
 pub struct Tracked {
     pub(super) inner: Incoming,
     pub(super) _inflight: InflightGuard,
+    pub(super) flight: Option<InFlight>,
 }
 
 impl std::fmt::Debug for Tracked {
@@ -41,13 +106,14 @@ impl std::fmt::Debug for Tracked {
 
 impl Body for Tracked {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let this = self.get_mut();
+        poll_guarded(Pin::new(&mut this.inner), &mut this.flight, cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -62,14 +128,23 @@ impl Body for Tracked {
 /// The client's request body on its way upstream. With `strip_token`, the token is removed
 /// from request trailers too (HTTP/2 and chunked HTTP/1.1 can carry it there), in both of its
 /// spellings (`x-fencing-token` and the `x_fencing_token` that CGI-style servers merge with it).
+///
+/// On a guarded route it also carries the request's drain ticket: when a newer owner's drain
+/// aborts the request, the body fails at once, so the upstream never receives its end (HTTP/1.1:
+/// the connection is closed before the body is complete; HTTP/2: the stream is reset).
 pub struct RequestBody {
     inner: Incoming,
     strip: Option<HeaderName>,
+    flight: Option<InFlight>,
 }
 
 impl RequestBody {
-    pub(super) fn new(inner: Incoming, strip: Option<HeaderName>) -> Self {
-        Self { inner, strip }
+    pub(super) fn new(inner: Incoming, strip: Option<HeaderName>, ticket: Option<Ticket>) -> Self {
+        Self {
+            inner,
+            strip,
+            flight: ticket.map(InFlight::new),
+        }
     }
 }
 
@@ -81,14 +156,14 @@ impl std::fmt::Debug for RequestBody {
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let polled = poll_guarded(Pin::new(&mut this.inner), &mut this.flight, cx);
         let Some(strip) = &this.strip else {
             return polled;
         };

@@ -20,7 +20,7 @@ use http::{Method, Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-pub use body::{RequestBody, Tracked};
+pub use body::{Aborted, BodyError, RequestBody, Tracked};
 
 use self::body::InflightGuard;
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host, token_alias};
@@ -28,6 +28,7 @@ use self::rewrite::{prepare, strip_hop_by_hop, Forward};
 use self::upstream::Upstream;
 use crate::admission::{Admission, Refused, Resource};
 use crate::config::{Config, GetBodies, MissingToken, OtherMethods, RouteSettings};
+use crate::drain::Ticket;
 use crate::metrics::{Metrics, Outcome, Outcomes, RouteMetrics};
 use crate::path::{self, PathError};
 use crate::reject::{Context, Rejection};
@@ -194,7 +195,7 @@ impl Proxy {
         let m = &route.metrics;
         let inflight = InflightGuard::new(&m.inflight);
 
-        let (outcome, token) = match self.fence(route, req.headers()).await {
+        let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
             Ok(admitted) => admitted,
             Err((rejection, outcome, token)) => {
                 return self.refuse(route, rejection, outcome, token, grpc, peer, started)
@@ -202,6 +203,10 @@ impl Proxy {
         };
 
         let upstream = &self.upstreams[route.settings.upstream];
+        // The request body and the response each hold a half of the drain ticket: the exchange
+        // counts as in flight until both are over.
+        let body_ticket = ticket.as_ref().map(Ticket::split);
+        let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
         let req = prepare(
             req,
             Forward {
@@ -212,17 +217,53 @@ impl Proxy {
                 normalized_host,
                 peer,
                 close: close_upstream,
+                ticket: body_ticket,
             },
         );
         let call = upstream.client.request(req);
-        let result = match upstream.settings.response_timeout {
-            Some(limit) => match tokio::time::timeout(limit, call).await {
-                Ok(r) => r.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
-                Err(_) => Err(Rejection::UpstreamTimeout(limit)),
+        let call = async {
+            match upstream.settings.response_timeout {
+                Some(limit) => match tokio::time::timeout(limit, call).await {
+                    Ok(r) => r.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
+                    Err(_) => Err(Rejection::UpstreamTimeout(limit)),
+                },
+                None => call
+                    .await
+                    .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
+            }
+        };
+        // A newer owner's drain that runs out of time aborts this request: the response future
+        // is dropped (the upstream connection or stream with it) and the client gets 409.
+        let result = match &aborted {
+            None => call.await,
+            Some(generation) => tokio::select! {
+                r = call => r,
+                () = generation.aborted() => {
+                    let resource = route.resource.as_deref();
+                    if let Some(c) = &route.metrics.stale {
+                        c.inc();
+                    }
+                    m.count(Outcome::Stale);
+                    m.duration.observe(started.elapsed().as_secs_f64());
+                    let stale = Rejection::Stale {
+                        token: token.unwrap_or_default(),
+                        mark: resource.map_or(0, Resource::mark),
+                    };
+                    tracing::info!(
+                        route = %route.settings.name,
+                        resource = resource.map(Resource::name),
+                        token,
+                        peer = %peer,
+                        "in-flight request aborted by a newer owner's drain"
+                    );
+                    let ctx = Context {
+                        route: Some(&route.settings.name),
+                        resource: resource.map(Resource::name),
+                        token,
+                    };
+                    return stale.respond(ctx, grpc.as_ref()).map(Either::Right);
+                }
             },
-            None => call
-                .await
-                .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
         };
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
@@ -235,6 +276,7 @@ impl Proxy {
                     Either::Left(Tracked {
                         inner: body,
                         _inflight: inflight,
+                        flight: ticket.map(body::InFlight::new),
                     }),
                 )
             }
@@ -297,9 +339,9 @@ impl Proxy {
         &self,
         route: &Route,
         headers: &HeaderMap,
-    ) -> Result<(Outcome, Option<u64>), (Rejection, Outcome, Option<u64>)> {
+    ) -> Result<(Outcome, Option<u64>, Option<Ticket>), (Rejection, Outcome, Option<u64>)> {
         let Some(resource) = &route.resource else {
-            return Ok((Outcome::Passthrough, None));
+            return Ok((Outcome::Passthrough, None, None));
         };
         if token_alias(headers, &self.header).is_some() {
             return Err((Rejection::TokenAlias, Outcome::Malformed, None));
@@ -318,13 +360,17 @@ impl Proxy {
             }
             Ok(Some(t)) => t,
             Ok(None) if route.settings.missing_token == MissingToken::Allow => {
-                return Ok((Outcome::Missing, None))
+                return Ok((Outcome::Missing, None, None))
             }
             Ok(None) => return Err((Rejection::MissingToken, Outcome::Missing, None)),
             Err(e) => return Err((Rejection::MalformedToken(e), Outcome::Malformed, None)),
         };
-        match self.admission.admit(resource, t).await {
-            Ok(_) => Ok((Outcome::Admitted, Some(t.get()))),
+        match self
+            .admission
+            .admit(resource, t, route.settings.drain_timeout)
+            .await
+        {
+            Ok((_, ticket)) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
             Err(Refused::Stale { mark, .. }) => {
                 if let Some(c) = &route.metrics.stale {
                     c.inc();

@@ -23,6 +23,8 @@ pub(super) struct Forward<'a> {
     pub(super) peer: SocketAddr,
     /// Close the upstream connection after this request (a body on a bodiless method).
     pub(super) close: bool,
+    /// The request body's half of a guarded request's drain ticket.
+    pub(super) ticket: Option<crate::drain::Ticket>,
 }
 
 /// Turns the client's request into the upstream request, in place.
@@ -102,7 +104,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     let strip = f.route.strip_token.then(|| f.token_header.clone());
-    Request::from_parts(parts, RequestBody::new(body, strip))
+    Request::from_parts(parts, RequestBody::new(body, strip, f.ticket))
 }
 
 fn ip_header(ip: std::net::IpAddr) -> HeaderValue {

@@ -1,0 +1,347 @@
+//! In-flight tracking per mark, so that an advance can wait for (or abort) the requests that
+//! older tokens still have in flight before the new owner's first request is forwarded.
+//!
+//! # Why
+//!
+//! The guard checks a token when a request arrives. Without this module a request admitted
+//! under token 34 could still be streaming its body to the upstream when token 51 advances the
+//! mark and is forwarded: the upstream would then apply the old owner's write after the new
+//! owner's. With it, palisade's guarantee reads: once a request with token t has been
+//! forwarded, no request with a token below t is still being delivered to the upstream.
+//!
+//! # How
+//!
+//! Each resource has a current [`Generation`]: the mark it was created for, a count of the
+//! requests admitted under it that are still in flight, and a `ready` flag. An equal-token
+//! request enters the current generation (one `SeqCst` increment, then a re-check that the
+//! generation is still current); its [`Ticket`] leaves it when dropped, which the proxy does
+//! once the upstream exchange is over (request body sent or abandoned, response ended).
+//!
+//! An advance to `t` (serialized per resource, after the mark is durable) installs a new
+//! generation for `t` that is not yet ready, publishes the mark, and then waits until the old
+//! generation's count reaches 0, at most `drain_timeout`. Then it aborts what is left: the
+//! old generation's abort signal makes every body of those requests fail at their next poll
+//! (so an upstream never receives the rest of a body) and their pending responses end. Only
+//! then is the new generation ready: the advancing request and every equal-token request that
+//! arrived meanwhile go upstream after the drain.
+//!
+//! The increment-then-recheck on the request side and the swap-then-read on the advance side
+//! are the two halves of a store-buffer (Dekker) pattern: with `SeqCst` on both, either the
+//! advance sees the request's increment and waits for it, or the request sees the new
+//! generation and is judged again (stale).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// After an abort, how long the aborted requests get to notice it and end.
+pub const ABORT_GRACE: Duration = Duration::from_secs(1);
+
+/// The requests admitted under one mark.
+#[derive(Debug)]
+pub struct Generation {
+    token: u64,
+    inflight: AtomicU64,
+    /// Set once the previous generation has drained (or was aborted).
+    ready: AtomicBool,
+    ready_notify: Notify,
+    /// Set once a newer generation replaced this one: leaving then wakes the drainer.
+    superseded: AtomicBool,
+    drained: Notify,
+    aborted: AtomicBool,
+    abort_notify: Notify,
+}
+
+impl Generation {
+    fn new(token: u64, ready: bool) -> Self {
+        Self {
+            token,
+            inflight: AtomicU64::new(0),
+            ready: AtomicBool::new(ready),
+            ready_notify: Notify::new(),
+            superseded: AtomicBool::new(false),
+            drained: Notify::new(),
+            aborted: AtomicBool::new(false),
+            abort_notify: Notify::new(),
+        }
+    }
+
+    /// Whether this generation's requests were aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(SeqCst)
+    }
+
+    /// Resolves once this generation's requests are aborted.
+    pub async fn aborted(&self) {
+        loop {
+            let n = self.abort_notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.is_aborted() {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    async fn wait_ready(&self) {
+        loop {
+            let n = self.ready_notify.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.ready.load(SeqCst) {
+                return;
+            }
+            n.await;
+        }
+    }
+
+    /// Waits until no request of this generation is in flight, or `deadline`; true if drained.
+    async fn wait_drained(&self, deadline: Instant) -> bool {
+        loop {
+            let n = self.drained.notified();
+            tokio::pin!(n);
+            n.as_mut().enable();
+            if self.inflight.load(SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, n).await.is_err() {
+                return self.inflight.load(SeqCst) == 0;
+            }
+        }
+    }
+}
+
+/// One request (or one half of it: see [`Ticket::split`]) in flight under a generation.
+#[derive(Debug)]
+pub struct Ticket(Arc<Generation>);
+
+impl Ticket {
+    /// The generation this ticket counts in.
+    pub fn generation(&self) -> &Arc<Generation> {
+        &self.0
+    }
+
+    /// A second ticket for the same request, so that the request body and the response body
+    /// (which end at different times, in different tasks) each hold one.
+    pub fn split(&self) -> Ticket {
+        self.0.inflight.fetch_add(1, SeqCst);
+        Ticket(Arc::clone(&self.0))
+    }
+
+    /// A future that resolves when this ticket's generation is aborted, owned so that a body
+    /// can keep it across polls.
+    pub fn abort_signal(&self) -> AbortSignal {
+        AbortSignal {
+            generation: Arc::clone(&self.0),
+            wait: None,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.0.inflight.fetch_sub(1, SeqCst) == 1 && self.0.superseded.load(SeqCst) {
+            self.0.drained.notify_waiters();
+        }
+    }
+}
+
+/// Polled by a body that waits on its peer, so that an abort wakes it.
+pub struct AbortSignal {
+    generation: Arc<Generation>,
+    wait: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
+}
+
+impl std::fmt::Debug for AbortSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortSignal")
+            .field("aborted", &self.generation.is_aborted())
+            .finish()
+    }
+}
+
+impl AbortSignal {
+    /// Whether the abort happened; the flag alone, no registration.
+    pub fn is_aborted(&self) -> bool {
+        self.generation.is_aborted()
+    }
+
+    /// Ready once aborted; registers the waker otherwise. The waiting future is allocated on
+    /// the first pending poll only, so bodies that never wait pay nothing.
+    pub fn poll_aborted(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.generation.is_aborted() {
+            return Poll::Ready(());
+        }
+        let g = Arc::clone(&self.generation);
+        self.wait
+            .get_or_insert_with(|| Box::pin(async move { g.aborted().await }))
+            .as_mut()
+            .poll(cx)
+    }
+}
+
+/// What entering the current generation found.
+#[derive(Debug)]
+pub enum Entry {
+    /// Admitted and counted.
+    Entered(Ticket),
+    /// The current generation is for a higher token: the request is stale.
+    Stale {
+        /// That token (the mark, or the mark about to be published).
+        mark: u64,
+    },
+    /// The generation for this token is still draining its predecessor: wait, then retry.
+    NotReady(Arc<Generation>),
+    /// The generation changed under the request: judge it again.
+    Retry,
+}
+
+/// Per-resource in-flight accounting.
+#[derive(Debug)]
+pub struct Drain {
+    current: ArcSwap<Generation>,
+}
+
+/// How an advance's drain ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Drained {
+    /// How long the advance waited.
+    pub waited: Duration,
+    /// Requests still in flight when `drain_timeout` ran out (0: drained in time).
+    pub aborted: u64,
+}
+
+impl Drain {
+    /// Accounting for a resource whose mark is `mark` (nothing in flight).
+    pub fn new(mark: u64) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(Generation::new(mark, true)),
+        }
+    }
+
+    /// Enters the current generation with `token`, which the caller found equal to the mark.
+    pub fn enter(&self, token: u64) -> Entry {
+        let g = self.current.load_full();
+        if g.token > token {
+            return Entry::Stale { mark: g.token };
+        }
+        if g.token < token {
+            // The mark moved to `token` but the generation is not installed yet: cannot
+            // happen (generations are installed before the mark is published), but judging
+            // again is always safe.
+            return Entry::Retry;
+        }
+        g.inflight.fetch_add(1, SeqCst);
+        fence(SeqCst);
+        if !Arc::ptr_eq(&self.current.load(), &g) {
+            drop(Ticket(g));
+            return Entry::Retry;
+        }
+        if !g.ready.load(SeqCst) {
+            drop(Ticket(Arc::clone(&g)));
+            return Entry::NotReady(g);
+        }
+        Entry::Entered(Ticket(g))
+    }
+
+    /// Waits until `generation` is ready (its predecessor drained).
+    pub async fn wait_ready(generation: &Generation) {
+        generation.wait_ready().await;
+    }
+
+    /// Installs the generation for `token` (entered once, for the advancing request) and
+    /// returns it with the generation it replaces. Call with the resource's advance lock held,
+    /// after `token` is durable and before it is published.
+    pub fn install(&self, token: u64) -> (Ticket, Arc<Generation>) {
+        let next = Arc::new(Generation::new(token, false));
+        next.inflight.fetch_add(1, SeqCst);
+        let old = self.current.swap(Arc::clone(&next));
+        old.superseded.store(true, SeqCst);
+        fence(SeqCst);
+        (Ticket(next), old)
+    }
+
+    /// Waits for `old`'s requests for at most `timeout`, aborts the rest, and then makes the
+    /// generation of `ticket` ready. Call with the advance lock still held.
+    pub async fn finish(&self, ticket: &Ticket, old: &Generation, timeout: Duration) -> Drained {
+        let started = Instant::now();
+        let mut aborted = 0;
+        if !old.wait_drained(started + timeout).await {
+            aborted = old.inflight.load(SeqCst);
+            old.aborted.store(true, SeqCst);
+            old.abort_notify.notify_waiters();
+            if !old.wait_drained(Instant::now() + ABORT_GRACE).await {
+                tracing::error!(
+                    left = old.inflight.load(SeqCst),
+                    "aborted requests did not end within the abort grace; going on: none of \
+                     them can send more body bytes"
+                );
+            }
+        }
+        let g = &ticket.0;
+        g.ready.store(true, SeqCst);
+        g.ready_notify.notify_waiters();
+        Drained {
+            waited: started.elapsed(),
+            aborted,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_advance_waits_for_older_requests_and_aborts_the_slow_ones() {
+        let d = Drain::new(34);
+        let Entry::Entered(a) = d.enter(34) else {
+            panic!()
+        };
+        let a_body = a.split();
+        let (b, old) = d.install(51);
+        assert!(matches!(d.enter(34), Entry::Stale { mark: 51 }));
+        let Entry::NotReady(g) = d.enter(51) else {
+            panic!("equal tokens wait for the drain")
+        };
+        // A ends within the drain time: B goes on without an abort.
+        let done = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(a);
+            drop(a_body);
+        });
+        let drained = d.finish(&b, &old, Duration::from_secs(2)).await;
+        done.await.unwrap();
+        assert_eq!(drained.aborted, 0);
+        assert_eq!(drained.waited, Duration::from_millis(300));
+        Drain::wait_ready(&g).await;
+        assert!(matches!(d.enter(51), Entry::Entered(_)));
+        drop(b); // the advancing request's exchange is over
+
+        // A request slower than the drain time is aborted.
+        let Entry::Entered(slow) = d.enter(51) else {
+            panic!()
+        };
+        let mut signal = slow.abort_signal();
+        let (c, old) = d.install(60);
+        let finish = d.finish(&c, &old, Duration::from_millis(500));
+        tokio::pin!(finish);
+        let aborted = tokio::select! {
+            r = &mut finish => panic!("drained without the slow request: {r:?}"),
+            () = std::future::poll_fn(|cx| signal.poll_aborted(cx)) => true,
+        };
+        assert!(aborted && slow.generation().is_aborted());
+        drop(slow);
+        let drained = finish.await;
+        assert_eq!(drained.aborted, 1);
+        assert_eq!(drained.waited, Duration::from_millis(500));
+    }
+}
