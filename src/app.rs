@@ -28,9 +28,8 @@ impl Listeners {
     /// # Errors
     /// The bind error, with the address in the message.
     pub async fn bind(config: &Config) -> std::io::Result<Self> {
-        let bind = |addr| async move {
-            TcpListener::bind(addr)
-                .await
+        let bind = |addr: std::net::SocketAddr| async move {
+            listen(addr)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
         };
         let proxy = bind(config.proxy.listen).await?;
@@ -40,6 +39,23 @@ impl Listeners {
         };
         Ok(Self { proxy, admin })
     }
+}
+
+/// How many finished handshakes the kernel may queue for `accept`. tokio's own `bind` asks
+/// for 128, which a burst of new clients overflows (their handshakes then stall for a second
+/// or more); the kernel caps this at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 4096;
+
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // A restarted proxy must be able to bind while old connections sit in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Why palisade could not start.
@@ -99,8 +115,9 @@ pub async fn run(
         http2_keepalive_interval: p.http2_keepalive_interval,
         grace,
     };
-    // The admin listener is for operators and scrapers: a few connections are plenty, and
-    // keeping its own budget means a flood on the data path cannot lock operators out.
+    // The admin listener is for operators and scrapers: a few connections are plenty, and its
+    // own budget means a flood of connections on the data path does not lock operators out
+    // (both still share the process's file descriptors).
     let admin_limits = server::Limits {
         max_connections: 64,
         ..limits.clone()

@@ -73,7 +73,7 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
     let mut high_len = 0;
     let mut i = 0;
     while i < b.len() {
-        if high_len > 0 && (b[i] != b'%' || !b.get(i + 1).is_some_and(|h| hex_value(*h) >= 8)) {
+        if high_len > 0 && (b[i] != b'%' || b.get(i + 1).is_none_or(|h| hex_value(*h) < 8)) {
             end_utf8_run(&high[..high_len], true)?;
             high_len = 0;
         }

@@ -149,6 +149,11 @@ pub async fn serve_with<H, F, B>(
                 }
             },
         };
+        // A reserve lost to a race (another task took the freed descriptor) is taken back as
+        // soon as descriptors are available again.
+        if reserve.is_none() {
+            reserve = reserve_fd();
+        }
         // The count goes up here and down when the task ends: no lock, and a refused
         // connection never reaches hyper.
         if open.fetch_add(1, Ordering::AcqRel) >= limits.max_connections {
