@@ -95,19 +95,19 @@ fn epoch_value(key: &str) -> Vec<u8> {
 impl LockService for Session {
     async fn lock(&self, name: &str) -> Result<LockGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Lock)?;
+        let claim = self.claim(&p.path, name, Role::Lock).await?;
         let mut pending = Pending::new(self, p.entry(self, ""), claim);
         pending.register(b"").await?;
         pending.wait_turn(&p, |_| true).await?;
         let token = pending
             .confirm(&p, &epoch_value(&pending.incarnation().key))
             .await?;
-        Ok(LockGrant(pending.finish(&p, token)))
+        Ok(LockGrant(pending.finish(&p, token)?))
     }
 
     async fn try_lock(&self, name: &str) -> Result<LockGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Lock)?;
+        let claim = self.claim(&p.path, name, Role::Lock).await?;
         Ok(LockGrant(
             try_exclusive(self, &p, "", claim, EPOCH_PREFIX).await?,
         ))

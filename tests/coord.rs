@@ -2,6 +2,8 @@
 //! in-memory provider and against a real etcd process started on free ports. Tests that need a
 //! real process crash (SIGSTOP, SIGKILL) run against etcd only.
 
+#[path = "coord/defects.rs"]
+mod defects;
 #[path = "support/etcd.rs"]
 mod etcd;
 #[path = "support/netcut.rs"]
@@ -75,13 +77,35 @@ impl Fx {
         self.session_ttl(TTL).await
     }
 
+    async fn session_with(&self, options: SessionOptions) -> Result<Session, Error> {
+        match self {
+            Fx::Memory(m) => m.connect().session(options).await,
+            Fx::Etcd(_, p) => p.session(options).await,
+        }
+    }
+
+    async fn session_in(&self, namespace: &str) -> Result<Session, Error> {
+        self.session_with(Self::options(TTL).with_namespace(namespace))
+            .await
+    }
+
+    /// A session resumed on the lease `id`.
+    async fn resume(&self, id: i64) -> Result<Session, Error> {
+        self.session_with(Self::options(TTL).with_lease(id)).await
+    }
+
     /// A session whose link to the store the test can cut.
     async fn cuttable(&self) -> (Session, Cutter) {
+        self.cuttable_ttl(TTL).await
+    }
+
+    /// [`Fx::cuttable`] with lease TTL `ttl`.
+    async fn cuttable_ttl(&self, ttl: Duration) -> (Session, Cutter) {
         match self {
             Fx::Memory(m) => {
                 let c = m.connect();
                 (
-                    c.session(Self::options(TTL)).await.unwrap(),
+                    c.session(Self::options(ttl)).await.unwrap(),
                     Cutter::Memory(c),
                 )
             }
@@ -90,7 +114,7 @@ impl Fx {
                 let client = etcd::Etcd::client_at(&cut.url()).await;
                 let p = EtcdProvider::new(&client).with_request_timeout(Duration::from_millis(500));
                 (
-                    p.session(Self::options(TTL)).await.unwrap(),
+                    p.session(Self::options(ttl)).await.unwrap(),
                     Cutter::Net(cut),
                 )
             }
@@ -120,6 +144,15 @@ fn lease_hex(s: &Session) -> String {
 
 mod suite {
     use super::*;
+
+    pub(crate) use super::defects::{
+        a_lease_revoked_elsewhere_is_a_lost_session_at_once,
+        a_re_campaign_never_shows_the_ended_term_with_the_new_value,
+        a_resumed_session_never_adopts_the_running_sessions_entry, an_absurd_ttl_is_an_error,
+        nested_namespaces_do_not_collide,
+        oversized_names_are_refused_up_front_with_a_short_message,
+        retrying_right_after_a_cancel_or_a_drop_takes_the_name_again,
+    };
 
     pub(crate) async fn mutual_exclusion_with_tokens_in_acquisition_order(fx: &Fx) {
         let inside = Arc::new(AtomicBool::new(false));
@@ -703,6 +736,13 @@ both_providers!(
     a_waiter_survives_a_short_disconnect,
     a_session_resumes_its_lease_but_not_a_revoked_one,
     a_deleted_entry_fires_the_grants_loss_signal_but_a_release_does_not,
+    a_re_campaign_never_shows_the_ended_term_with_the_new_value,
+    oversized_names_are_refused_up_front_with_a_short_message,
+    retrying_right_after_a_cancel_or_a_drop_takes_the_name_again,
+    a_resumed_session_never_adopts_the_running_sessions_entry,
+    nested_namespaces_do_not_collide,
+    an_absurd_ttl_is_an_error,
+    a_lease_revoked_elsewhere_is_a_lost_session_at_once,
 );
 
 /// Real process crashes, against etcd only: the holder is `examples/lock.rs` or
