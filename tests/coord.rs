@@ -148,10 +148,12 @@ mod suite {
     pub(crate) use super::defects::{
         a_lease_revoked_elsewhere_is_a_lost_session_at_once,
         a_re_campaign_never_shows_the_ended_term_with_the_new_value,
+        a_restarted_leader_resumes_its_term_with_its_token,
         a_resumed_session_never_adopts_the_running_sessions_entry, an_absurd_ttl_is_an_error,
         nested_namespaces_do_not_collide,
         oversized_names_are_refused_up_front_with_a_short_message,
         retrying_right_after_a_cancel_or_a_drop_takes_the_name_again,
+        terms_carry_the_leaders_identity,
     };
 
     pub(crate) async fn mutual_exclusion_with_tokens_in_acquisition_order(fx: &Fx) {
@@ -743,6 +745,8 @@ both_providers!(
     nested_namespaces_do_not_collide,
     an_absurd_ttl_is_an_error,
     a_lease_revoked_elsewhere_is_a_lost_session_at_once,
+    terms_carry_the_leaders_identity,
+    a_restarted_leader_resumes_its_term_with_its_token,
 );
 
 /// Real process crashes, against etcd only: the holder is `examples/lock.rs` or
