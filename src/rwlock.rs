@@ -92,8 +92,9 @@ impl RwGrant {
     /// Releases a write lock.
     ///
     /// # Errors
-    /// [`Error::WrongMode`] on a read grant (which stays held), [`Error::Released`], or a
-    /// store error (the grant stays held; retry).
+    /// [`Error::WrongMode`] on a read grant (which stays held), [`Error::Released`],
+    /// [`Error::LostBeforeRelease`] when ownership had already ended, or a store error (the
+    /// grant stays held; retry).
     pub async fn unlock(&self) -> Result<(), Error> {
         self.release(Mode::Write).await
     }
