@@ -493,8 +493,10 @@ mod suite {
         let term = a.leader("e").await.unwrap().unwrap();
         assert_eq!(term.token, la.token());
         assert_eq!(term.value, b"a");
+        let b_hex = lease_hex(&b);
         let follower = tokio::spawn(async move { (b.campaign("e", "b").await.unwrap(), b) });
-        fx.wait_present(&format!("{NS}/election/e/q/"), "").await;
+        fx.wait_present(&format!("{NS}/election/e/q/"), &b_hex)
+            .await;
         let resigned = Instant::now();
         la.resign().await.unwrap();
         let (lb, _b) = follower.await.unwrap();
@@ -523,8 +525,11 @@ mod suite {
         };
         assert_eq!((t2.token, t2.value.as_slice()), (la.token(), &b"a2"[..]));
         let b = fx.session().await;
+        // Wait for b's own entry (an empty needle would match a's entry at once).
+        let b_hex = lease_hex(&b);
         let follower = tokio::spawn(async move { (b.campaign("o", "b1").await.unwrap(), b) });
-        fx.wait_present(&format!("{NS}/election/o/q/"), "").await;
+        fx.wait_present(&format!("{NS}/election/o/q/"), &b_hex)
+            .await;
         la.resign().await.unwrap();
         let (lb, _b) = follower.await.unwrap();
         let Observation::Leader(t3) = next(&mut obs).await else {
