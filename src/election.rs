@@ -5,6 +5,16 @@
 //! *with* the token of the term it won. (Looking the token up afterwards would be wrong: by
 //! then `leader()` may already show the next term.)
 //!
+//! A term is reported (by [`ElectionService::leader`] and observers) only once it is
+//! confirmed: the first entry of the queue is the one the epoch names, *and* the epoch was
+//! written at or after that entry's creation. The second half matters when one session
+//! resigns and campaigns again: its new entry has the same key as the ended term's, and
+//! until the new campaign confirms, the epoch still names that key with the old term's token.
+//!
+//! A leader that restarts within its lease's TTL can take its term over, token included,
+//! with [`Leadership::leader_key`], [`SessionOptions::resuming`](crate::SessionOptions::resuming)
+//! and [`ElectionService::resume`] (etcd's `ResumeElection`).
+//!
 //! ```no_run
 //! # async fn demo(session: palisade::Session) -> Result<(), palisade::Error> {
 //! use palisade::ElectionService;
@@ -21,14 +31,16 @@
 //! # Ok(()) }
 //! ```
 
+mod observe;
+
 use std::future::Future;
 
-use tokio::sync::mpsc;
+pub use observe::Observer;
 
 use crate::error::Error;
 use crate::provider::{Compare, KeyRange, Op, SortByCreate, Txn};
 use crate::queue::{token, Grant, Pending, Primitive};
-use crate::session::{Incarnation, LossSignal, Role, Session};
+use crate::session::{naming, Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
 /// Election operations (disco's `election.Service`): implemented by [`Session`].
@@ -52,21 +64,56 @@ pub trait ElectionService {
     /// A store error.
     fn leader(&self, name: &str) -> impl Future<Output = Result<Option<Term>, Error>> + Send;
 
-    /// Follows the election: every new term (in increasing token order), every proclaimed
-    /// value, and "no leader" when the last candidate leaves.
+    /// Follows the election: every new term (in increasing token order, each once), every
+    /// proclaimed value, and "no leader" when the last candidate leaves. Survives
+    /// disconnects and store restarts (see [`Observer`]).
     ///
     /// # Errors
     /// [`Error::InvalidName`]; failures while observing arrive through the [`Observer`].
     fn observe(&self, name: &str) -> impl Future<Output = Result<Observer, Error>> + Send;
+
+    /// Takes over the term `leader` names, keeping its token: for a leader restarted within
+    /// its lease's TTL, on a session started with
+    /// [`SessionOptions::resuming`](crate::SessionOptions::resuming)`(leader)`. Succeeds only
+    /// if the term is still current: the entry exists with the same create revision on this
+    /// session's lease, leads the queue, and the epoch still carries the token.
+    ///
+    /// # Errors
+    /// [`Error::NotLeader`] when the term is over (or never was), [`Error::AlreadyHeld`] when
+    /// this session already campaigns, or a store error.
+    fn resume(&self, leader: &LeaderKey) -> impl Future<Output = Result<Leadership, Error>> + Send;
 }
 
-/// One term of leadership as seen by anyone.
+/// What a leader keeps (for example in a file) to resume its term after a restart: see
+/// [`ElectionService::resume`]. Plain data, so it can be stored and rebuilt.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderKey {
+    /// The election's name.
+    pub name: String,
+    /// The leader's queue key.
+    pub key: String,
+    /// The revision that created that key.
+    pub create_revision: i64,
+    /// The lease the key is attached to.
+    pub lease: i64,
+    /// The term's token.
+    pub token: FencingToken,
+}
+
+/// One term of leadership as seen by anyone: its token, value, and who leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Term {
     /// The term's fencing token.
     pub token: FencingToken,
     /// The leader's current value (as proclaimed).
     pub value: Vec<u8>,
+    /// The leader's queue key.
+    pub key: String,
+    /// The leader's lease.
+    pub lease: i64,
+    /// The leader session's owner id ([`Session::owner_id`]); 0 for a key of another form.
+    pub owner: u64,
 }
 
 /// What an [`Observer`] reports.
@@ -111,6 +158,17 @@ impl Leadership {
         self.0.loss_signal()
     }
 
+    /// What to keep to resume this term after a restart (see [`ElectionService::resume`]).
+    pub fn leader_key(&self) -> LeaderKey {
+        LeaderKey {
+            name: self.0.name.clone(),
+            key: self.0.incarnation.key.clone(),
+            create_revision: self.0.incarnation.create_revision,
+            lease: self.0.session.lease(),
+            token: self.0.token,
+        }
+    }
+
     /// Publishes a new value to observers, if this candidate still leads.
     ///
     /// # Errors
@@ -151,7 +209,8 @@ impl Leadership {
     /// so a retried resign cannot remove a later candidacy.
     ///
     /// # Errors
-    /// [`Error::Released`] when already resigned, or a store error (retry).
+    /// [`Error::Released`] when already resigned, [`Error::LostBeforeRelease`] when the term
+    /// had already ended (lease lost, entry deleted), or a store error (retry).
     pub async fn resign(&self) -> Result<(), Error> {
         self.0.release().await
     }
@@ -197,38 +256,13 @@ impl Session {
     }
 }
 
-/// A stream of [`Observation`]s; stops its background watch when dropped.
-pub struct Observer {
-    rx: mpsc::Receiver<Result<Observation, Error>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl std::fmt::Debug for Observer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Observer").finish_non_exhaustive()
-    }
-}
-
-impl Observer {
-    /// The next observation; `None` once observing stopped after an error it reported.
-    pub async fn next(&mut self) -> Option<Result<Observation, Error>> {
-        self.rx.recv().await
-    }
-}
-
-impl Drop for Observer {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-const KIND: &str = "election";
+pub(crate) const KIND: &str = "election";
 
 fn epoch_value(key: &str) -> Vec<u8> {
     format!("E:{key}").into_bytes()
 }
 
-fn current(p: &Primitive) -> Txn {
+pub(crate) fn current(p: &Primitive) -> Txn {
     Txn {
         when: vec![],
         then: vec![
@@ -244,16 +278,23 @@ fn current(p: &Primitive) -> Txn {
     }
 }
 
-/// `None`: a candidate is first in line but has not confirmed yet.
-fn read_term(r: &crate::provider::TxnResponse) -> Option<Observation> {
+/// `None`: a candidate is first in line but has not confirmed yet. Confirmed means: the epoch
+/// names the first entry's key and was written at or after that entry's creation (an epoch
+/// written before it belongs to an ended term of the same key).
+pub(crate) fn read_term(r: &crate::provider::TxnResponse) -> Option<Observation> {
     let Some(first) = r.range(0).first() else {
         return Some(Observation::NoLeader);
     };
     let epoch = r.range(1).first()?;
-    (epoch.value == epoch_value(&first.key)).then(|| {
+    let confirmed =
+        epoch.value == epoch_value(&first.key) && epoch.mod_revision >= first.create_revision;
+    confirmed.then(|| {
         Observation::Leader(Term {
             token: token(epoch.mod_revision),
             value: first.value.clone(),
+            key: first.key.clone(),
+            lease: first.lease,
+            owner: naming::owner_of(&first.key),
         })
     })
 }
@@ -265,14 +306,14 @@ impl ElectionService for Session {
         value: impl Into<Vec<u8>> + Send,
     ) -> Result<Leadership, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Candidate)?;
+        let claim = self.claim(&p.path, name, Role::Candidate).await?;
         let mut pending = Pending::new(self, p.entry(self, ""), claim);
         pending.register(&value.into()).await?;
         pending.wait_turn(&p, |_| true).await?;
         let token = pending
             .confirm(&p, &epoch_value(&pending.incarnation().key))
             .await?;
-        Ok(Leadership(pending.finish(&p, token)))
+        Ok(Leadership(pending.finish(&p, token)?))
     }
 
     async fn leader(&self, name: &str) -> Result<Option<Term>, Error> {
@@ -290,57 +331,42 @@ impl ElectionService for Session {
 
     async fn observe(&self, name: &str) -> Result<Observer, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let (tx, rx) = mpsc::channel(16);
-        let session = self.clone();
-        let task = tokio::spawn(async move {
-            let mut last: Option<Observation> = None;
-            let mut highest = 0u64;
-            loop {
-                let r = match session.backend().txn(current(&p)).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        let _ = tx.send(Err(Error::store("observe")(e))).await;
-                        return;
-                    }
-                };
-                if let Some(obs) = read_term(&r) {
-                    let fresh = match &obs {
-                        // Terms only move forward; a proclaim keeps the token and changes the value.
-                        Observation::Leader(t) => {
-                            t.token.get() > highest
-                                || (t.token.get() == highest && last.as_ref() != Some(&obs))
-                        }
-                        Observation::NoLeader => {
-                            last.as_ref().is_some_and(|l| *l != Observation::NoLeader)
-                                || last.is_none()
-                        }
-                    };
-                    if fresh {
-                        if let Observation::Leader(t) = &obs {
-                            highest = t.token.get();
-                        }
-                        if tx.send(Ok(obs.clone())).await.is_err() {
-                            return;
-                        }
-                        last = Some(obs);
-                    }
-                }
-                let mut events = match session
-                    .backend()
-                    .watch(KeyRange::prefix(format!("{}/", p.path)), r.revision + 1)
-                    .await
-                {
-                    Ok(ev) => ev,
-                    Err(_) => {
-                        // Re-created after a pause; every read above starts from the present.
-                        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                        continue;
-                    }
-                };
-                // Any change under the election (or a broken watch) means: read again.
-                let _ = events.next().await;
-            }
-        });
-        Ok(Observer { rx, task })
+        Ok(Observer::start(self.clone(), p))
+    }
+
+    async fn resume(&self, leader: &LeaderKey) -> Result<Leadership, Error> {
+        let p = Primitive::new(self, KIND, &leader.name)?;
+        let not_leader = || Error::NotLeader {
+            name: leader.name.clone(),
+        };
+        if !leader.key.starts_with(&p.queue()) || leader.lease != self.lease() {
+            return Err(not_leader());
+        }
+        let claim = self.claim(&p.path, &leader.name, Role::Candidate).await?;
+        let mut read = current(&p);
+        read.when = vec![Compare::CreateRevisionEq(
+            KeyRange::key(leader.key.clone()),
+            leader.create_revision,
+        )];
+        read.then.push(Op::get(leader.key.clone()));
+        let r = self
+            .backend()
+            .txn(read)
+            .await
+            .map_err(Error::store("resume leadership"))?;
+        let current = match read_term(&r) {
+            Some(Observation::Leader(t)) => t,
+            _ => return Err(not_leader()),
+        };
+        let mine = r
+            .range(2)
+            .first()
+            .is_some_and(|kv| kv.lease == self.lease());
+        if !r.succeeded || !mine || current.key != leader.key || current.token != leader.token {
+            return Err(not_leader());
+        }
+        let mut pending = Pending::new(self, leader.key.clone(), claim);
+        pending.registered(leader.create_revision);
+        Ok(Leadership(pending.finish(&p, leader.token)?))
     }
 }

@@ -49,17 +49,34 @@ pub enum Error {
     /// The grant was already released.
     #[error("already released")]
     Released,
+    /// `unlock`, `runlock` or `resign` found that ownership had already ended before it:
+    /// the lease was lost or the entry deleted, so a later owner may have taken over and work
+    /// done under this grant's token since then may have been fenced. The grant is released
+    /// locally all the same (calling again says [`Error::Released`]).
+    #[error("{name}: ownership had already been lost before this release")]
+    LostBeforeRelease {
+        /// The primitive's name.
+        name: String,
+    },
     /// `proclaim` by a candidate that no longer leads.
     #[error("{name}: not the leader")]
     NotLeader {
         /// The election's name.
         name: String,
     },
-    /// Names must be non-empty.
-    #[error("invalid name {0:?}: must not be empty")]
+    /// Names must be 1..=[`crate::session::MAX_NAME_BYTES`] bytes. Checked before any
+    /// request, so a name the store would refuse never reaches it. Holds the name shortened to
+    /// its first 64 bytes and its length, so messages stay short.
+    #[error("invalid name {0:?}: must be 1 to {max} bytes", max = crate::session::MAX_NAME_BYTES)]
     InvalidName(String),
-    /// TTLs must be at least one second (etcd counts leases in whole seconds).
-    #[error("invalid TTL {0:?}: must be at least 1 s")]
+    /// A namespace with a `lock`, `rwlock` or `election` segment could nest inside another
+    /// namespace's primitive (`/ns` and `/ns/lock/a/q`) and collide with it. Holds the
+    /// namespace, shortened like [`Error::InvalidName`].
+    #[error("invalid namespace {0:?}: no segment may be lock, rwlock or election")]
+    InvalidNamespace(String),
+    /// TTLs must be 1 s (etcd counts leases in whole seconds) up to
+    /// [`crate::session::MAX_TTL`] (etcd's maximum).
+    #[error("invalid TTL {0:?}: must be from 1 s to 9000000000 s")]
     InvalidTtl(Duration),
     /// The provider's store failed.
     #[error("{op}: {source}")]

@@ -56,7 +56,7 @@ pub mod transport;
 pub use admission::Admission;
 pub use app::{run, Listeners};
 pub use config::Config;
-pub use election::{ElectionService, Leadership, Observation, Term};
+pub use election::{ElectionService, LeaderKey, Leadership, Observation, Term};
 pub use error::Error;
 pub use guard::{Verdict, Watermark};
 pub use lock::{LockGrant, LockService};

@@ -4,6 +4,12 @@
 //! acquisition, so successive owners get strictly increasing tokens whatever happened in
 //! between (unlock, lease expiry, a crashed holder).
 //!
+//! Cancelling [`LockService::lock`] (dropping its future, for example in
+//! `tokio::time::timeout`) or dropping a [`LockGrant`] deletes the queue entry in the
+//! background. Calling `lock` again on the same session right after either is fine: it waits
+//! for that cleanup (one round trip), then queues. A session holds at most one acquisition
+//! per name (see [`crate::session`] for why, and how to run several local contenders).
+//!
 //! ```no_run
 //! # async fn demo(session: palisade::Session) -> Result<(), palisade::Error> {
 //! use palisade::LockService;
@@ -77,8 +83,9 @@ impl LockGrant {
     /// cannot delete a later acquisition's entry.
     ///
     /// # Errors
-    /// [`Error::Released`] when already released; a store error leaves the grant held so the
-    /// call can be retried.
+    /// [`Error::Released`] when already released; [`Error::LostBeforeRelease`] when ownership
+    /// had already ended (the grant is released locally all the same); a store error leaves
+    /// the grant held so the call can be retried.
     pub async fn unlock(&self) -> Result<(), Error> {
         self.0.release().await
     }
@@ -95,19 +102,19 @@ fn epoch_value(key: &str) -> Vec<u8> {
 impl LockService for Session {
     async fn lock(&self, name: &str) -> Result<LockGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Lock)?;
+        let claim = self.claim(&p.path, name, Role::Lock).await?;
         let mut pending = Pending::new(self, p.entry(self, ""), claim);
         pending.register(b"").await?;
         pending.wait_turn(&p, |_| true).await?;
         let token = pending
             .confirm(&p, &epoch_value(&pending.incarnation().key))
             .await?;
-        Ok(LockGrant(pending.finish(&p, token)))
+        Ok(LockGrant(pending.finish(&p, token)?))
     }
 
     async fn try_lock(&self, name: &str) -> Result<LockGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Lock)?;
+        let claim = self.claim(&p.path, name, Role::Lock).await?;
         Ok(LockGrant(
             try_exclusive(self, &p, "", claim, EPOCH_PREFIX).await?,
         ))

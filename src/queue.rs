@@ -6,12 +6,15 @@
 //! `If(CreateRevision(own) == own_rev) Then Put(P/epoch, ...)`, whose revision is the fencing
 //! token. A zombie whose entry expired fails that compare and gets no token.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+mod grant;
+
 use std::time::Duration;
+
+pub(crate) use grant::Grant;
 
 use crate::error::Error;
 use crate::provider::{Compare, EventKind, KeyRange, Kv, Op, SortByCreate, Txn, TxnResponse};
-use crate::session::{Claim, Incarnation, LossSignal, Session, SessionState};
+use crate::session::{Claim, Incarnation, Session, SessionState};
 use crate::token::FencingToken;
 
 /// One primitive's keys.
@@ -36,9 +39,10 @@ impl Primitive {
         format!("{}/epoch", self.path)
     }
 
-    /// This session's entry; `sub` separates entry kinds (`r/`, `w/` for rwlocks).
+    /// This session's entry; `sub` separates entry kinds (`r/`, `w/` for rwlocks). The key
+    /// names the session (owner id and lease), so two sessions on one lease never share one.
     pub(crate) fn entry(&self, session: &Session, sub: &str) -> String {
-        format!("{}/q/{sub}{:016x}", self.path, session.lease())
+        format!("{}/q/{sub}{}", self.path, session.entry_suffix())
     }
 }
 
@@ -93,12 +97,13 @@ pub(crate) async fn try_exclusive(
         });
     }
     pending.registered(r.revision);
-    Ok(pending.finish(p, token(r.revision)))
+    pending.finish(p, token(r.revision))
 }
 
 /// An acquisition in progress. Dropped before [`Pending::finish`] (cancelled, or failed), it
-/// deletes its entry in the background with a fresh context and keeps the session's claim until
-/// that is done, so a new acquisition of the same primitive cannot race the cleanup.
+/// deletes its entry in the background with a fresh context and keeps the session's claim
+/// (marked as cleaning) until that is done, so a new acquisition of the same primitive waits
+/// for the cleanup instead of racing it.
 pub(crate) struct Pending {
     session: Session,
     key: String,
@@ -140,7 +145,9 @@ impl Pending {
         let create_revision = if r.succeeded {
             r.revision
         } else {
-            // Left over from an acquisition whose cleanup has not landed: same lease, so ours.
+            // The key names this session, and the claim waited for earlier cleanups: this is
+            // the late put of this session's own cancelled registration, which nobody else
+            // will delete. Ours to adopt.
             r.range(0)
                 .first()
                 .map_or(r.revision, |kv| kv.create_revision)
@@ -206,7 +213,8 @@ impl Pending {
                 Err(e) => return Err(Error::store("read queue")(e)),
             };
             if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
-                // Our entry is gone: the lease expired (or someone deleted it).
+                // Our entry is gone: the lease expired or was revoked (or someone deleted it).
+                self.session.confirm_lease().await;
                 return Err(lost_error(&self.session));
             }
             // The store filters by create revision too, but `max_create_revision == 0` means
@@ -280,22 +288,25 @@ impl Pending {
         )
         .await?;
         if !r.succeeded {
+            self.session.confirm_lease().await;
             return Err(lost_error(&self.session));
         }
         Ok(token(r.revision))
     }
 
-    /// Hands the entry and the claim over to a grant.
-    pub(crate) fn finish(mut self, p: &Primitive, token: FencingToken) -> Grant {
-        Grant {
-            session: self.session.clone(),
-            name: p.name.clone(),
-            incarnation: self.incarnation.take().expect("registered"),
+    /// Hands the entry and the claim over to a grant, unless the session is no longer alive
+    /// (its local lease deadline included): a token is never handed out past the deadline,
+    /// and the entry is then cleaned up like a failed acquisition's.
+    pub(crate) fn finish(mut self, p: &Primitive, token: FencingToken) -> Result<Grant, Error> {
+        self.session.ensure_alive()?;
+        let incarnation = self.incarnation.take().expect("registered");
+        Ok(Grant::new(
+            self.session.clone(),
+            p.name.clone(),
+            incarnation,
             token,
-            released: AtomicBool::new(false),
-            claim: std::sync::Mutex::new(self.claim.take()),
-            entry_watch: std::sync::OnceLock::new(),
-        }
+            self.claim.take(),
+        ))
     }
 }
 
@@ -304,174 +315,23 @@ impl Drop for Pending {
         let Some(claim) = self.claim.take() else {
             return;
         };
+        claim.cleaning();
         let session = self.session.clone();
         let key = self.key.clone();
         let incarnation = self.incarnation.take();
         self.session.spawn_cleanup(async move {
             let _claim = claim;
-            if let Some(i) = incarnation {
-                session.release_while_alive(&i).await;
-                return;
-            }
-            // Cancelled while registering: the put may have landed, or may still land (a
-            // request already on the wire). Look now, and once more a moment later.
-            for wait in [Duration::ZERO, Duration::from_secs(1)] {
-                tokio::time::sleep(wait).await;
-                let read = Txn {
-                    when: vec![],
-                    then: vec![Op::get(key.clone())],
-                    otherwise: vec![],
-                };
-                let found = loop {
-                    match session.backend().txn(read.clone()).await {
-                        Ok(r) => break r.range(0).first().map(|kv| kv.create_revision),
-                        Err(_) if session.state() == SessionState::Alive => {
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                        Err(_) => return,
-                    }
-                };
-                if let Some(create_revision) = found {
-                    session
-                        .release_while_alive(&Incarnation {
-                            key: key.clone(),
-                            create_revision,
-                        })
-                        .await;
-                }
+            match incarnation {
+                Some(i) => session.release_while_alive(&i).await,
+                None => session.release_key_while_alive(&key).await,
             }
         });
     }
 }
 
-fn lost_error(session: &Session) -> Error {
+pub(crate) fn lost_error(session: &Session) -> Error {
     match session.state() {
         SessionState::Closed => Error::SessionClosed,
         _ => Error::SessionLost,
-    }
-}
-
-/// What every grant (lock, read/write, leadership) holds.
-pub(crate) struct Grant {
-    pub(crate) session: Session,
-    pub(crate) name: String,
-    pub(crate) incarnation: Incarnation,
-    pub(crate) token: FencingToken,
-    released: AtomicBool,
-    claim: std::sync::Mutex<Option<Claim>>,
-    entry_watch: std::sync::OnceLock<(
-        tokio::sync::watch::Receiver<bool>,
-        tokio::task::JoinHandle<()>,
-    )>,
-}
-
-impl Grant {
-    /// The session's signal plus this grant's entry. The entry is watched from the first
-    /// call on (no watch costs anything for grants nobody asks about).
-    pub(crate) fn loss_signal(&self) -> LossSignal {
-        let session = self.session.loss_signal();
-        let entry = tokio::runtime::Handle::try_current().ok().map(|rt| {
-            self.entry_watch
-                .get_or_init(|| {
-                    let (tx, rx) = tokio::sync::watch::channel(false);
-                    let from = self
-                        .incarnation
-                        .create_revision
-                        .max(self.token.get() as i64)
-                        + 1;
-                    let task = rt.spawn(watch_entry(
-                        self.session.clone(),
-                        self.incarnation.clone(),
-                        from,
-                        tx,
-                    ));
-                    (rx, task)
-                })
-                .0
-                .clone()
-        });
-        session.with_entry(entry)
-    }
-
-    fn stop_watching(&self) {
-        if let Some((_, task)) = self.entry_watch.get() {
-            task.abort();
-        }
-    }
-
-    pub(crate) fn is_released(&self) -> bool {
-        self.released.load(Ordering::Acquire)
-    }
-
-    /// Deletes the entry (fenced on its create revision). Local state changes only after the
-    /// store answered, so a failed release can be retried.
-    pub(crate) async fn release(&self) -> Result<(), Error> {
-        if self.is_released() {
-            return Err(Error::Released);
-        }
-        // Our own delete is not a loss to report.
-        self.stop_watching();
-        self.session.release(&self.incarnation).await?;
-        // Whether or not the entry was still there (a lost lease deletes it too), it is gone,
-        // and the session may acquire the primitive again.
-        self.released.store(true, Ordering::Release);
-        self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
-        Ok(())
-    }
-}
-
-impl Drop for Grant {
-    fn drop(&mut self) {
-        self.stop_watching();
-        let claim = self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if self.is_released() || self.session.state() != SessionState::Alive {
-            return;
-        }
-        let session = self.session.clone();
-        let incarnation = self.incarnation.clone();
-        self.session.spawn_cleanup(async move {
-            let _claim = claim;
-            session.release_while_alive(&incarnation).await;
-        });
-    }
-}
-
-/// Flags `deleted` once `entry` stops existing while the session lives. Reads again after any
-/// broken watch, so a missed event cannot hide a deletion.
-async fn watch_entry(
-    session: Session,
-    entry: Incarnation,
-    mut from: i64,
-    deleted: tokio::sync::watch::Sender<bool>,
-) {
-    loop {
-        if session.state() != SessionState::Alive {
-            return;
-        }
-        if let Ok(mut events) = session
-            .backend()
-            .watch(KeyRange::key(entry.key.clone()), from)
-            .await
-        {
-            while let Some(Ok(batch)) = events.next().await {
-                if batch.iter().any(|e| e.kind == EventKind::Delete) {
-                    deleted.send_replace(true);
-                    return;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let read = Txn {
-            when: vec![],
-            then: vec![Op::get(entry.key.clone())],
-            otherwise: vec![],
-        };
-        if let Ok(r) = session.backend().txn(read).await {
-            if r.range(0).first().map(|kv| kv.create_revision) != Some(entry.create_revision) {
-                deleted.send_replace(true);
-                return;
-            }
-            from = r.revision + 1;
-        }
     }
 }

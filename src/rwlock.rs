@@ -92,8 +92,9 @@ impl RwGrant {
     /// Releases a write lock.
     ///
     /// # Errors
-    /// [`Error::WrongMode`] on a read grant (which stays held), [`Error::Released`], or a
-    /// store error (the grant stays held; retry).
+    /// [`Error::WrongMode`] on a read grant (which stays held), [`Error::Released`],
+    /// [`Error::LostBeforeRelease`] when ownership had already ended, or a store error (the
+    /// grant stays held; retry).
     pub async fn unlock(&self) -> Result<(), Error> {
         self.release(Mode::Write).await
     }
@@ -161,7 +162,7 @@ fn phase_token(r: &TxnResponse, at: usize) -> Option<FencingToken> {
 impl RwLockService for Session {
     async fn read_lock(&self, name: &str) -> Result<RwGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Read)?;
+        let claim = self.claim(&p.path, name, Role::Read).await?;
         let mut pending = Pending::new(self, p.entry(self, "r/"), claim);
         pending.register(b"").await?;
         let writer_prefix = format!("{}w/", p.queue());
@@ -186,14 +187,14 @@ impl RwLockService for Session {
             _ => return Err(Error::SessionLost),
         };
         Ok(RwGrant {
-            grant: pending.finish(&p, token),
+            grant: pending.finish(&p, token)?,
             mode: Mode::Read,
         })
     }
 
     async fn try_read_lock(&self, name: &str) -> Result<RwGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Read)?;
+        let claim = self.claim(&p.path, name, Role::Read).await?;
         let key = p.entry(self, "r/");
         let pending = Pending::new(self, key.clone(), claim);
         let r = self
@@ -228,14 +229,14 @@ impl RwLockService for Session {
         let mut pending = pending;
         pending.registered(create_revision);
         Ok(RwGrant {
-            grant: pending.finish(&p, token),
+            grant: pending.finish(&p, token)?,
             mode: Mode::Read,
         })
     }
 
     async fn write_lock(&self, name: &str) -> Result<RwGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Write)?;
+        let claim = self.claim(&p.path, name, Role::Write).await?;
         let mut pending = Pending::new(self, p.entry(self, "w/"), claim);
         pending.register(b"").await?;
         pending.wait_turn(&p, |_| true).await?;
@@ -243,14 +244,14 @@ impl RwLockService for Session {
             .confirm(&p, &writer_epoch(&pending.incarnation().key))
             .await?;
         Ok(RwGrant {
-            grant: pending.finish(&p, token),
+            grant: pending.finish(&p, token)?,
             mode: Mode::Write,
         })
     }
 
     async fn try_write_lock(&self, name: &str) -> Result<RwGrant, Error> {
         let p = Primitive::new(self, KIND, name)?;
-        let claim = self.claim(&p.path, name, Role::Write)?;
+        let claim = self.claim(&p.path, name, Role::Write).await?;
         let grant = try_exclusive(self, &p, "w/", claim, WRITER_EPOCH_PREFIX).await?;
         Ok(RwGrant {
             grant,

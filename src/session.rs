@@ -5,21 +5,54 @@
 //! acquisition bumps the epoch past every token this session held.
 //!
 //! The session watches its own lease: [`Session::done`] resolves when the lease is
-//! [`SessionState::Lost`] (expired or revoked by someone else, or no keepalive acknowledged
-//! for a whole TTL) or [`SessionState::Closed`] by [`Session::close`]. Local detection can only
-//! lag the store; a session that is not yet `Lost` is not proof of ownership. The fencing token
-//! checked at the resource is what keeps the data safe.
+//! [`SessionState::Lost`] (expired or revoked by someone else, or past its local deadline: the
+//! time the last acknowledged keepalive was sent plus the granted TTL) or
+//! [`SessionState::Closed`] by [`Session::close`]. Local detection can only lag the store; a
+//! session that is not yet `Lost` is not proof of ownership. The fencing token checked at the
+//! resource is what keeps the data safe.
+//!
+//! # One acquisition per name
+//!
+//! A session holds at most one acquisition (waiting or granted) of each primitive: a second
+//! `lock("x")` on the same session while the first waits or holds fails with
+//! [`Error::AlreadyHeld`]. etcd's `Mutex` lets two callers on one session share a key and
+//! both "hold" the lock, with one token for two owners and one `Unlock` releasing both; here
+//! every grant has exactly one owner. To run several contenders in one process (workers,
+//! tests), give each its own session: a session is one lease and one keepalive, cheap to have
+//! a few of. A new acquisition right after a cancelled one or a dropped grant of the same name
+//! waits for that entry's cleanup (one round trip, bounded by the lease's life) and then
+//! proceeds; it never fails because of it.
+//!
+//! # Sessions and their entries
+//!
+//! Every queue entry's key names its session: `<owner id>-<lease id>`, where the owner id is
+//! fresh for each session. Two sessions on one lease ([`SessionOptions::with_lease`]) therefore
+//! never share an entry: they queue against each other like any two sessions, and neither can
+//! release the other's grant.
+
+mod cleanup;
+mod keepalive;
+mod liveness;
+pub(crate) mod naming;
+mod signal;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+pub(crate) use cleanup::Claim;
+pub use cleanup::Incarnation;
+use liveness::Liveness;
+pub use naming::{MAX_NAME_BYTES, MAX_TTL};
+pub use signal::{Loss, LossSignal};
+
+use crate::election::LeaderKey;
 use crate::error::Error;
-use crate::provider::{Backend, Compare, LeaseId, Op, Txn};
+use crate::provider::{Backend, LeaseId, Op, Txn};
 
 /// Default lease TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -32,6 +65,7 @@ pub struct SessionOptions {
     ttl: Duration,
     namespace: String,
     lease: Option<i64>,
+    keep: Option<String>,
 }
 
 impl Default for SessionOptions {
@@ -47,28 +81,49 @@ impl SessionOptions {
             ttl: DEFAULT_TTL,
             namespace: DEFAULT_NAMESPACE.to_owned(),
             lease: None,
+            keep: None,
         }
     }
 
     /// Lease TTL: how long the store keeps the session's entries after the last keepalive.
-    /// At least 1 s; fractions are rounded up to whole seconds (etcd's unit).
+    /// 1 s ..= [`MAX_TTL`] (else [`Error::InvalidTtl`] when the session starts); fractions
+    /// are rounded up to whole seconds (etcd's unit).
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
     }
 
     /// Key prefix of every primitive; separate applications (and tests) use separate ones.
+    /// No segment of it may be `lock`, `rwlock` or `election` (else
+    /// [`Error::InvalidNamespace`] when the session starts): such a namespace could nest
+    /// inside another one's primitive and be read as its queue.
     pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.namespace = namespace.into().trim_end_matches('/').to_owned();
         self
     }
 
-    /// Resumes an existing lease (for example after a restart within its TTL) instead of
-    /// granting a new one. Grants are not recovered: the entries the lease still holds under
-    /// this namespace are deleted (nobody could release them otherwise), and the TTL is the
-    /// one the lease was granted with.
+    /// Resumes an existing lease (a restart within its TTL) instead of granting a new one.
+    ///
+    /// What it promises: the new session keeps the lease alive, with the TTL the lease was
+    /// granted with, under a new owner identity. It never adopts an entry it did not create:
+    /// at start it deletes the entries the lease holds under this namespace (nobody could
+    /// release them otherwise; a predecessor that is in fact still running sees its grants'
+    /// loss signals fire with [`crate::Loss::EntryDeleted`], and the next owner's token is
+    /// higher than theirs), and entries created afterwards by another session on the same
+    /// lease are that session's, queued against this one like anyone else's. The one
+    /// exception is a leadership named with [`SessionOptions::resuming`].
     pub fn with_lease(mut self, lease_id: i64) -> Self {
         self.lease = Some(lease_id);
+        self
+    }
+
+    /// Resumes the lease of `leader` and keeps its candidacy entry, so that
+    /// [`crate::ElectionService::resume`] can take the term over with its token (etcd's
+    /// `ResumeElection`). Only for a predecessor that is dead: a still-running one keeps
+    /// believing it leads, with the same token, and the resource cannot tell them apart.
+    pub fn resuming(mut self, leader: &LeaderKey) -> Self {
+        self.lease = Some(leader.lease);
+        self.keep = Some(leader.key.clone());
         self
     }
 }
@@ -94,6 +149,13 @@ pub(crate) enum Role {
     Candidate,
 }
 
+/// A claim in [`Inner::held`].
+struct Slot {
+    role: Role,
+    /// Only the cleanup of an ended acquisition is left.
+    cleaning: bool,
+}
+
 /// One lease with its keepalive, shared by clones.
 #[derive(Clone)]
 pub struct Session {
@@ -104,6 +166,7 @@ impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
             .field("lease", &format_args!("{:x}", self.inner.lease))
+            .field("owner", &format_args!("{:x}", self.inner.owner))
             .field("ttl", &self.inner.ttl)
             .field("namespace", &self.inner.namespace)
             .field("state", &self.state())
@@ -114,11 +177,14 @@ impl std::fmt::Debug for Session {
 pub(crate) struct Inner {
     pub(crate) backend: Arc<dyn Backend>,
     lease: LeaseId,
+    owner: u64,
     ttl: Duration,
     namespace: String,
-    state: Arc<watch::Sender<SessionState>>,
+    liveness: Arc<Liveness>,
     keepalive: JoinHandle<()>,
-    held: Mutex<HashMap<String, Role>>,
+    held: Mutex<HashMap<String, Slot>>,
+    /// Notified whenever a claim ends.
+    released: Notify,
     cleanups: Mutex<Vec<JoinHandle<()>>>,
 }
 
@@ -134,10 +200,10 @@ impl Session {
         backend: Arc<dyn Backend>,
         options: SessionOptions,
     ) -> Result<Self, Error> {
-        if options.ttl < Duration::from_secs(1) {
-            return Err(Error::InvalidTtl(options.ttl));
-        }
-        let ttl_secs = options.ttl.as_secs() + u64::from(options.ttl.subsec_nanos() > 0);
+        let ttl_secs = naming::check_ttl(options.ttl)?;
+        naming::check_namespace(&options.namespace)?;
+        // The local deadline counts from before the request: the store's counts from later.
+        let sent = Instant::now();
         let (lease, remaining, ttl_secs) = match options.lease {
             Some(id) => {
                 let info = backend
@@ -150,7 +216,11 @@ impl Session {
                 // The previous owner's queue entries would otherwise stay alive on the resumed
                 // lease without anyone to acquire or release them, blocking those primitives.
                 let mine = format!("{}/", options.namespace);
-                for key in info.keys.into_iter().filter(|k| k.starts_with(&mine)) {
+                let stale = info
+                    .keys
+                    .into_iter()
+                    .filter(|k| k.starts_with(&mine) && Some(k) != options.keep.as_ref());
+                for key in stale {
                     let delete = Txn {
                         when: vec![],
                         then: vec![Op::Delete { key }],
@@ -173,27 +243,34 @@ impl Session {
             }
         };
         let ttl = Duration::from_secs(ttl_secs);
-        let granted = remaining;
-        let (state, _) = watch::channel(SessionState::Alive);
-        let state = Arc::new(state);
-        let deadline = Instant::now() + Duration::from_secs(granted.max(1) as u64);
-        let keepalive = tokio::spawn(keepalive(
+        let liveness = Arc::new(Liveness::new(
+            lease,
+            sent + Duration::from_secs(remaining.max(1) as u64),
+        ));
+        let keepalive = tokio::spawn(keepalive::keepalive(
             Arc::clone(&backend),
             lease,
             ttl,
-            deadline,
-            Arc::clone(&state),
+            Arc::clone(&liveness),
         ));
-        tracing::debug!(lease = format_args!("{lease:x}"), ?ttl, "session started");
+        let owner = naming::new_owner();
+        tracing::debug!(
+            lease = format_args!("{lease:x}"),
+            owner = format_args!("{owner:x}"),
+            ?ttl,
+            "session started"
+        );
         Ok(Self {
             inner: Arc::new(Inner {
                 backend,
                 lease,
+                owner,
                 ttl,
                 namespace: options.namespace,
-                state,
+                liveness,
                 keepalive,
                 held: Mutex::default(),
+                released: Notify::new(),
                 cleanups: Mutex::default(),
             }),
         })
@@ -206,19 +283,29 @@ impl Session {
         self.inner.lease
     }
 
+    /// This session's owner identity: fresh for every session, also for sessions resumed on
+    /// the same lease, and part of every queue key it writes (see the module docs).
+    pub fn owner_id(&self) -> u64 {
+        self.inner.owner
+    }
+
     /// The lease TTL.
     pub fn ttl(&self) -> Duration {
         self.inner.ttl
     }
 
-    /// The state now.
+    /// The state now. `Lost` as soon as the local lease deadline has passed, even before the
+    /// keepalive task has run.
     pub fn state(&self) -> SessionState {
-        *self.inner.state.borrow()
+        self.inner.liveness.state()
     }
 
     /// Resolves once the session is no longer [`SessionState::Alive`], with the new state.
     pub async fn done(&self) -> SessionState {
-        let mut rx = self.inner.state.subscribe();
+        if self.state() != SessionState::Alive {
+            return self.state();
+        }
+        let mut rx = self.inner.liveness.subscribe();
         let state = match rx.wait_for(|s| *s != SessionState::Alive).await {
             Ok(s) => *s,
             Err(_) => SessionState::Lost,
@@ -228,7 +315,14 @@ impl Session {
 
     /// A cloneable signal that fires when the session is lost or closed.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal::new(self.inner.state.subscribe(), None)
+        LossSignal::new(Arc::clone(&self.inner.liveness), None)
+    }
+
+    pub(crate) fn loss_signal_with(
+        &self,
+        entry: Option<tokio::sync::watch::Receiver<bool>>,
+    ) -> LossSignal {
+        LossSignal::new(Arc::clone(&self.inner.liveness), entry)
     }
 
     /// Waits for background cleanups (entries of cancelled or failed acquisitions, dropped
@@ -247,19 +341,18 @@ impl Session {
 
     /// Stops the keepalive and revokes the lease, deleting every entry of the session at once.
     ///
+    /// Bounded: pending cleanups are abandoned (the revoke deletes their entries too), so
+    /// this takes one revoke request at most, within the provider's request timeout.
+    ///
     /// # Errors
     /// The store's error when the revoke fails; the session is closed regardless and the lease
     /// expires by its TTL.
     pub async fn close(&self) -> Result<(), Error> {
-        self.settle().await;
-        self.inner.state.send_if_modified(|s| {
-            let changed = *s == SessionState::Alive;
-            if changed {
-                *s = SessionState::Closed;
-            }
-            changed
-        });
+        self.inner.liveness.close();
         self.inner.keepalive.abort();
+        for h in std::mem::take(&mut *lock(&self.inner.cleanups)) {
+            h.abort();
+        }
         self.inner
             .backend
             .lease_revoke(self.inner.lease)
@@ -286,258 +379,15 @@ impl Session {
 
     /// The key prefix of primitive `name` of `kind` (`lock`, `rwlock`, `election`).
     pub(crate) fn path(&self, kind: &str, name: &str) -> Result<String, Error> {
-        if name.is_empty() {
-            return Err(Error::InvalidName(name.to_owned()));
-        }
-        // '/' and '%' are escaped so that no name's keys fall under another name's prefix.
-        const ESCAPE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'/').add(b'%');
-        let encoded = percent_encoding::utf8_percent_encode(name, ESCAPE);
-        Ok(format!("{}/{kind}/{encoded}", self.inner.namespace))
+        naming::path(&self.inner.namespace, kind, name)
     }
 
-    /// Records that this session is acquiring (then holding) `path` in `role`.
-    pub(crate) fn claim(&self, path: &str, name: &str, role: Role) -> Result<Claim, Error> {
-        self.ensure_alive()?;
-        let mut held = lock(&self.inner.held);
-        if let Some(existing) = held.get(path) {
-            return Err(if *existing == Role::Read && role == Role::Write {
-                Error::UpgradeNotSupported {
-                    name: name.to_owned(),
-                }
-            } else {
-                Error::AlreadyHeld {
-                    name: name.to_owned(),
-                }
-            });
-        }
-        held.insert(path.to_owned(), role);
-        Ok(Claim {
-            session: self.clone(),
-            path: path.to_owned(),
-        })
-    }
-
-    /// Runs `task` in the background and remembers it for [`Session::settle`].
-    pub(crate) fn spawn_cleanup(
-        &self,
-        task: impl std::future::Future<Output = ()> + Send + 'static,
-    ) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!("no runtime to clean up a queue entry; it goes when the lease does");
-            return;
-        };
-        let handle = rt.spawn(task);
-        let mut cleanups = lock(&self.inner.cleanups);
-        cleanups.retain(|h| !h.is_finished());
-        cleanups.push(handle);
-    }
-
-    /// Background cleanup: retries [`Session::release`] with backoff for as long as the
-    /// session is alive. An entry left behind on a live lease would block the primitive for
-    /// everyone; once the lease is gone, the store deletes the entry itself.
-    pub(crate) async fn release_while_alive(&self, incarnation: &Incarnation) {
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self.release(incarnation).await {
-                Ok(_) => return,
-                Err(e) if self.state() == SessionState::Alive => {
-                    tracing::debug!(key = %incarnation.key, error = %e, "cleanup failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-                Err(_) => return,
-            }
-        }
-    }
-
-    /// Deletes the entry `incarnation` if, and only if, that exact incarnation still exists:
-    /// safe to repeat, and never deletes a newer entry under the same key.
-    ///
-    /// Returns whether something was deleted. Grants call this on release; it is public so a
-    /// caller that lost track of an acquisition (a crashed task) can clean up precisely.
-    ///
-    /// # Errors
-    /// The store's error after retries.
-    pub async fn release(&self, incarnation: &Incarnation) -> Result<bool, Error> {
-        let txn = Txn {
-            when: vec![Compare::CreateRevisionEq(
-                crate::provider::KeyRange::key(incarnation.key.clone()),
-                incarnation.create_revision,
-            )],
-            then: vec![Op::Delete {
-                key: incarnation.key.clone(),
-            }],
-            otherwise: vec![],
-        };
-        let mut attempt = 0;
-        loop {
-            // The compare makes this delete idempotent, so unlike other writes it is retried.
-            match self.backend().txn(txn.clone()).await {
-                Ok(r) => return Ok(r.succeeded),
-                Err(e) if e.is_transient() && attempt < 3 => {
-                    attempt += 1;
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
-                }
-                Err(e) => return Err(Error::store("release")(e)),
-            }
-        }
-    }
-}
-
-/// An entry in a primitive's queue: its key and the revision that created it. A later entry
-/// under the same key (the same session acquiring again) is a different incarnation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Incarnation {
-    pub(crate) key: String,
-    pub(crate) create_revision: i64,
-}
-
-impl Incarnation {
-    /// The queue key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
-    /// The revision that created it (its place in the queue).
-    pub fn create_revision(&self) -> i64 {
-        self.create_revision
-    }
-}
-
-/// The session's record that it is acquiring or holding a primitive; dropping it forgets.
-pub(crate) struct Claim {
-    session: Session,
-    path: String,
-}
-
-impl Drop for Claim {
-    fn drop(&mut self) {
-        lock(&self.session.inner.held).remove(&self.path);
-    }
-}
-
-/// Why a [`LossSignal`] fired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Loss {
-    /// The session's lease is gone (expired, revoked elsewhere, or unconfirmed for a TTL).
-    SessionLost,
-    /// The session was closed by its owner.
-    SessionClosed,
-    /// The grant's queue entry was deleted while the session lived (by an operator, or by a
-    /// `Session::release` of that incarnation): the grant no longer owns anything.
-    EntryDeleted,
-}
-
-/// Fires when ownership ends: the session is lost or closed, or (for a grant's signal) the
-/// grant's queue entry disappears. Best effort and possibly late; the fencing token checked
-/// at the resource is what keeps data safe.
-#[derive(Debug, Clone)]
-pub struct LossSignal {
-    session: watch::Receiver<SessionState>,
-    entry: Option<watch::Receiver<bool>>,
-}
-
-impl LossSignal {
-    pub(crate) fn new(
-        session: watch::Receiver<SessionState>,
-        entry: Option<watch::Receiver<bool>>,
-    ) -> Self {
-        Self { session, entry }
-    }
-
-    /// Resolves once ownership has ended, saying why.
-    pub async fn wait(&mut self) -> Loss {
-        let Self { session, entry } = self;
-        let session_ended = async {
-            match session.wait_for(|s| *s != SessionState::Alive).await {
-                Ok(s) if *s == SessionState::Closed => Loss::SessionClosed,
-                // Lost, or the session and its keepalive are gone entirely.
-                _ => Loss::SessionLost,
-            }
-        };
-        let entry_deleted = async {
-            if let Some(rx) = entry {
-                if rx.wait_for(|deleted| *deleted).await.is_ok() {
-                    return Loss::EntryDeleted;
-                }
-            }
-            // No entry to follow, or its watcher stopped (grant released): never fires.
-            std::future::pending().await
-        };
-        tokio::select! {
-            loss = session_ended => loss,
-            loss = entry_deleted => loss,
-        }
-    }
-
-    pub(crate) fn with_entry(self, entry: Option<watch::Receiver<bool>>) -> Self {
-        Self { entry, ..self }
-    }
-
-    /// Whether it has fired.
-    pub fn is_lost(&self) -> bool {
-        *self.session.borrow() != SessionState::Alive
-            || self.entry.as_ref().is_some_and(|e| *e.borrow())
+    /// The last segment of this session's queue keys.
+    pub(crate) fn entry_suffix(&self) -> String {
+        naming::entry_suffix(self.inner.owner, self.inner.lease)
     }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Renews the lease every TTL/3. `deadline` is when the store forgets the lease if no
-/// keepalive lands, measured from when the last acknowledged one was *sent* (conservative).
-async fn keepalive(
-    backend: Arc<dyn Backend>,
-    lease: LeaseId,
-    ttl: Duration,
-    mut deadline: Instant,
-    state: Arc<watch::Sender<SessionState>>,
-) {
-    let interval = ttl / 3;
-    let retry = interval.min(Duration::from_millis(200));
-    let mut wait = interval;
-    loop {
-        tokio::time::sleep(wait).await;
-        if *state.borrow() != SessionState::Alive {
-            return;
-        }
-        let sent = Instant::now();
-        // After a freeze (SIGSTOP, VM pause) the deadline may already be behind us.
-        let Some(budget) = deadline
-            .checked_duration_since(sent)
-            .filter(|b| !b.is_zero())
-        else {
-            lost(&state, lease, "no keepalive acknowledged within the TTL");
-            return;
-        };
-        match tokio::time::timeout(budget.min(interval), backend.lease_keepalive(lease)).await {
-            Ok(Ok(left)) if left > 0 => {
-                deadline = sent + Duration::from_secs(left as u64);
-                wait = interval;
-            }
-            Ok(Ok(_)) => {
-                lost(&state, lease, "the store no longer has the lease");
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(lease = format_args!("{lease:x}"), error = %e, "keepalive failed");
-                wait = retry;
-            }
-            Err(_) => wait = Duration::ZERO,
-        }
-    }
-}
-
-fn lost(state: &watch::Sender<SessionState>, lease: LeaseId, why: &str) {
-    let changed = state.send_if_modified(|s| {
-        let alive = *s == SessionState::Alive;
-        if alive {
-            *s = SessionState::Lost;
-        }
-        alive
-    });
-    if changed {
-        tracing::warn!(lease = format_args!("{lease:x}"), why, "session lost");
-    }
 }

@@ -2,8 +2,12 @@
 //! in-memory provider and against a real etcd process started on free ports. Tests that need a
 //! real process crash (SIGSTOP, SIGKILL) run against etcd only.
 
+#[path = "coord/defects.rs"]
+mod defects;
 #[path = "support/etcd.rs"]
 mod etcd;
+#[path = "coord/gaps.rs"]
+mod gaps;
 #[path = "support/netcut.rs"]
 mod netcut;
 
@@ -75,13 +79,35 @@ impl Fx {
         self.session_ttl(TTL).await
     }
 
+    async fn session_with(&self, options: SessionOptions) -> Result<Session, Error> {
+        match self {
+            Fx::Memory(m) => m.connect().session(options).await,
+            Fx::Etcd(_, p) => p.session(options).await,
+        }
+    }
+
+    async fn session_in(&self, namespace: &str) -> Result<Session, Error> {
+        self.session_with(Self::options(TTL).with_namespace(namespace))
+            .await
+    }
+
+    /// A session resumed on the lease `id`.
+    async fn resume(&self, id: i64) -> Result<Session, Error> {
+        self.session_with(Self::options(TTL).with_lease(id)).await
+    }
+
     /// A session whose link to the store the test can cut.
     async fn cuttable(&self) -> (Session, Cutter) {
+        self.cuttable_ttl(TTL).await
+    }
+
+    /// [`Fx::cuttable`] with lease TTL `ttl`.
+    async fn cuttable_ttl(&self, ttl: Duration) -> (Session, Cutter) {
         match self {
             Fx::Memory(m) => {
                 let c = m.connect();
                 (
-                    c.session(Self::options(TTL)).await.unwrap(),
+                    c.session(Self::options(ttl)).await.unwrap(),
                     Cutter::Memory(c),
                 )
             }
@@ -90,7 +116,7 @@ impl Fx {
                 let client = etcd::Etcd::client_at(&cut.url()).await;
                 let p = EtcdProvider::new(&client).with_request_timeout(Duration::from_millis(500));
                 (
-                    p.session(Self::options(TTL)).await.unwrap(),
+                    p.session(Self::options(ttl)).await.unwrap(),
                     Cutter::Net(cut),
                 )
             }
@@ -120,6 +146,18 @@ fn lease_hex(s: &Session) -> String {
 
 mod suite {
     use super::*;
+
+    pub(crate) use super::defects::{
+        a_lease_revoked_elsewhere_is_a_lost_session_at_once,
+        a_re_campaign_never_shows_the_ended_term_with_the_new_value,
+        a_resumed_session_never_adopts_the_running_sessions_entry, an_absurd_ttl_is_an_error,
+        nested_namespaces_do_not_collide,
+        oversized_names_are_refused_up_front_with_a_short_message,
+        retrying_right_after_a_cancel_or_a_drop_takes_the_name_again,
+    };
+    pub(crate) use super::gaps::{
+        a_restarted_leader_resumes_its_term_with_its_token, terms_carry_the_leaders_identity,
+    };
 
     pub(crate) async fn mutual_exclusion_with_tokens_in_acquisition_order(fx: &Fx) {
         let inside = Arc::new(AtomicBool::new(false));
@@ -455,8 +493,10 @@ mod suite {
         let term = a.leader("e").await.unwrap().unwrap();
         assert_eq!(term.token, la.token());
         assert_eq!(term.value, b"a");
+        let b_hex = lease_hex(&b);
         let follower = tokio::spawn(async move { (b.campaign("e", "b").await.unwrap(), b) });
-        fx.wait_present(&format!("{NS}/election/e/q/"), "").await;
+        fx.wait_present(&format!("{NS}/election/e/q/"), &b_hex)
+            .await;
         let resigned = Instant::now();
         la.resign().await.unwrap();
         let (lb, _b) = follower.await.unwrap();
@@ -485,8 +525,11 @@ mod suite {
         };
         assert_eq!((t2.token, t2.value.as_slice()), (la.token(), &b"a2"[..]));
         let b = fx.session().await;
+        // Wait for b's own entry (an empty needle would match a's entry at once).
+        let b_hex = lease_hex(&b);
         let follower = tokio::spawn(async move { (b.campaign("o", "b1").await.unwrap(), b) });
-        fx.wait_present(&format!("{NS}/election/o/q/"), "").await;
+        fx.wait_present(&format!("{NS}/election/o/q/"), &b_hex)
+            .await;
         la.resign().await.unwrap();
         let (lb, _b) = follower.await.unwrap();
         let Observation::Leader(t3) = next(&mut obs).await else {
@@ -703,235 +746,18 @@ both_providers!(
     a_waiter_survives_a_short_disconnect,
     a_session_resumes_its_lease_but_not_a_revoked_one,
     a_deleted_entry_fires_the_grants_loss_signal_but_a_release_does_not,
+    a_re_campaign_never_shows_the_ended_term_with_the_new_value,
+    oversized_names_are_refused_up_front_with_a_short_message,
+    retrying_right_after_a_cancel_or_a_drop_takes_the_name_again,
+    a_resumed_session_never_adopts_the_running_sessions_entry,
+    nested_namespaces_do_not_collide,
+    an_absurd_ttl_is_an_error,
+    a_lease_revoked_elsewhere_is_a_lost_session_at_once,
+    terms_carry_the_leaders_identity,
+    a_restarted_leader_resumes_its_term_with_its_token,
 );
 
 /// Real process crashes, against etcd only: the holder is `examples/lock.rs` or
 /// `examples/election.rs` running as a child process.
-mod processes {
-    use std::io::{BufRead, BufReader};
-    use std::path::PathBuf;
-    use std::process::{Child, Command, Stdio};
-
-    use tokio::sync::mpsc;
-
-    use super::*;
-
-    struct Proc {
-        child: Child,
-        lines: mpsc::UnboundedReceiver<String>,
-    }
-
-    impl Proc {
-        fn start(example: &str, etcd: &etcd::Etcd, name: &str) -> Proc {
-            // Examples are built next to the test binary: target/<profile>/examples/<name>.
-            let exe = std::env::current_exe().unwrap();
-            let path: PathBuf = exe
-                .parent()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .join("examples")
-                .join(example);
-            assert!(
-                path.exists(),
-                "{} is not built (cargo test --all-features --all-targets builds it)",
-                path.display()
-            );
-            let mut child = Command::new(path)
-                .args([
-                    "--endpoint",
-                    &etcd.endpoint(),
-                    "--name",
-                    name,
-                    "--ttl",
-                    "2",
-                    "--namespace",
-                    NS,
-                ])
-                .args(["--hold-secs", "120", "--lead-secs", "120"])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap();
-            let out = child.stdout.take().unwrap();
-            let (tx, lines) = mpsc::unbounded_channel();
-            std::thread::spawn(move || {
-                for line in BufReader::new(out).lines().map_while(Result::ok) {
-                    if tx.send(line).is_err() {
-                        return;
-                    }
-                }
-            });
-            Proc { child, lines }
-        }
-
-        async fn line(&mut self, within: Duration) -> String {
-            tokio::time::timeout(within, self.lines.recv())
-                .await
-                .expect("a line in time")
-                .expect("the process is alive")
-        }
-
-        async fn token(&mut self, prefix: &str) -> u64 {
-            loop {
-                let l = self.line(Duration::from_secs(10)).await;
-                if let Some(t) = l.strip_prefix(prefix) {
-                    return t.parse().unwrap();
-                }
-            }
-        }
-
-        fn signal(&self, sig: &str) {
-            let ok = Command::new("kill")
-                .args([sig, &self.child.id().to_string()])
-                .status()
-                .unwrap()
-                .success();
-            assert!(ok, "kill {sig}");
-        }
-    }
-
-    impl Drop for Proc {
-        fn drop(&mut self) {
-            self.signal("-CONT");
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-
-    async fn fx() -> Fx {
-        Fx::etcd().await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_sigstopped_holder_is_replaced_with_a_higher_token_and_learns_it_lost() {
-        let fx = fx().await;
-        let Fx::Etcd(etcd, _) = &fx else {
-            unreachable!()
-        };
-        let mut holder = Proc::start("lock", etcd, "stop");
-        let t1 = holder.token("token=").await;
-        holder.signal("-STOP");
-        let waiter = fx.session().await;
-        let g = tokio::time::timeout(TTL * 3, waiter.lock("stop"))
-            .await
-            .expect("the waiter takes over")
-            .unwrap();
-        assert!(g.token().get() > t1, "{} after {t1}", g.token());
-        holder.signal("-CONT");
-        assert_eq!(
-            holder.line(Duration::from_secs(2)).await,
-            "lost",
-            "the zombie learns within 2 s of waking"
-        );
-        let relock = holder.line(Duration::from_secs(5)).await;
-        assert_eq!(
-            relock, "relock=the session's lease is lost",
-            "no token from a lost session"
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_sigkilled_holder_is_replaced_within_ttl_plus_2s_with_a_higher_token() {
-        let fx = fx().await;
-        let Fx::Etcd(etcd, _) = &fx else {
-            unreachable!()
-        };
-        let mut holder = Proc::start("lock", etcd, "kill");
-        let t1 = holder.token("token=").await;
-        let waiter = fx.session().await;
-        let pending =
-            tokio::spawn(async move { waiter.lock("kill").await.map(|g| (g.token(), g)) });
-        holder.signal("-KILL");
-        let killed = Instant::now();
-        let (t2, _g) = tokio::time::timeout(TTL + Duration::from_secs(2), pending)
-            .await
-            .expect("in time")
-            .unwrap()
-            .unwrap();
-        assert!(killed.elapsed() <= TTL + Duration::from_secs(2));
-        assert!(t2.get() > t1);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_follower_leads_within_ttl_plus_2s_after_the_leader_is_killed() {
-        let fx = fx().await;
-        let Fx::Etcd(etcd, _) = &fx else {
-            unreachable!()
-        };
-        let mut leader = Proc::start("election", etcd, "jobs");
-        let t1 = leader.token("leader token=").await;
-        let follower = fx.session().await;
-        let mut obs = follower.observe("jobs").await.unwrap();
-        let campaign = {
-            let f = follower.clone();
-            tokio::spawn(
-                async move { f.campaign("jobs", "follower").await.map(|l| (l.token(), l)) },
-            )
-        };
-        leader.signal("-KILL");
-        let killed = Instant::now();
-        let (t2, _l) = tokio::time::timeout(TTL + Duration::from_secs(2), campaign)
-            .await
-            .expect("in time")
-            .unwrap()
-            .unwrap();
-        assert!(killed.elapsed() <= TTL + Duration::from_secs(2));
-        assert!(t2.get() > t1);
-        let mut seen = Vec::new();
-        while let Ok(Some(Ok(o))) =
-            tokio::time::timeout(Duration::from_millis(500), obs.next()).await
-        {
-            if let Observation::Leader(t) = o {
-                seen.push(t.token.get());
-            }
-        }
-        assert_eq!(
-            seen.last(),
-            Some(&t2.get()),
-            "observers see the new term: {seen:?}"
-        );
-        assert!(
-            seen.windows(2).all(|w| w[0] < w[1]),
-            "terms in increasing order: {seen:?}"
-        );
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn locks_on_a_three_node_cluster_exclude_and_order_tokens_across_nodes() {
-        let etcd = etcd::Etcd::cluster().await;
-        let mut sessions = Vec::new();
-        for url in etcd.endpoints() {
-            let client = etcd::Etcd::client_at(&url).await;
-            sessions.push(
-                EtcdProvider::new(&client)
-                    .session(Fx::options(TTL))
-                    .await
-                    .unwrap(),
-            );
-        }
-        let inside = Arc::new(AtomicBool::new(false));
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let tasks: Vec<_> = sessions
-            .into_iter()
-            .map(|s| {
-                let (inside, order) = (inside.clone(), order.clone());
-                tokio::spawn(async move {
-                    for _ in 0..10 {
-                        let g = s.lock("cluster").await.unwrap();
-                        assert!(!inside.swap(true, Ordering::SeqCst));
-                        order.lock().unwrap().push(g.token().get());
-                        inside.store(false, Ordering::SeqCst);
-                        g.unlock().await.unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
-        let order = order.lock().unwrap();
-        assert_eq!(order.len(), 30);
-        assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
-    }
-}
+#[path = "coord/processes.rs"]
+mod processes;

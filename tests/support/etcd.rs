@@ -17,8 +17,11 @@ pub struct Etcd {
 }
 
 struct Node {
-    child: Child,
+    /// `None` while the node is stopped ([`Etcd::stop`]).
+    child: Option<Child>,
     client_url: String,
+    /// The full command line, to start the node again on the same ports and data.
+    args: Vec<String>,
 }
 
 fn binary() -> PathBuf {
@@ -53,8 +56,16 @@ impl Etcd {
         Self::start(3).await
     }
 
+    /// One node started with `extra` flags (for example `--max-request-bytes=512`).
+    pub async fn single_with(extra: &[&str]) -> Etcd {
+        Self::start_with(1, extra).await
+    }
+
     async fn start(n: usize) -> Etcd {
-        let bin = binary();
+        Self::start_with(n, &[]).await
+    }
+
+    async fn start_with(n: usize, extra: &[&str]) -> Etcd {
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports
@@ -70,34 +81,54 @@ impl Etcd {
             .map(|(i, (client, peer))| {
                 let client_url = format!("http://127.0.0.1:{client}");
                 let peer_url = format!("http://127.0.0.1:{peer}");
-                let child = Command::new(&bin)
-                    .arg(format!("--name=n{i}"))
-                    .arg(format!(
-                        "--data-dir={}",
-                        dir.path().join(format!("n{i}")).display()
-                    ))
-                    .arg(format!("--listen-client-urls={client_url}"))
-                    .arg(format!("--advertise-client-urls={client_url}"))
-                    .arg(format!("--listen-peer-urls={peer_url}"))
-                    .arg(format!("--initial-advertise-peer-urls={peer_url}"))
-                    .arg(format!("--initial-cluster={initial}"))
-                    .arg(format!("--initial-cluster-token={token}"))
-                    .args([
-                        "--initial-cluster-state=new",
-                        "--heartbeat-interval=10",
-                        "--election-timeout=100",
-                    ])
-                    .args(["--logger=zap", "--log-level=error"])
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-                Node { child, client_url }
+                let mut args = vec![
+                    format!("--name=n{i}"),
+                    format!("--data-dir={}", dir.path().join(format!("n{i}")).display()),
+                    format!("--listen-client-urls={client_url}"),
+                    format!("--advertise-client-urls={client_url}"),
+                    format!("--listen-peer-urls={peer_url}"),
+                    format!("--initial-advertise-peer-urls={peer_url}"),
+                    format!("--initial-cluster={initial}"),
+                    format!("--initial-cluster-token={token}"),
+                    "--initial-cluster-state=new".to_owned(),
+                    "--heartbeat-interval=10".to_owned(),
+                    "--election-timeout=100".to_owned(),
+                    "--logger=zap".to_owned(),
+                    "--log-level=error".to_owned(),
+                ];
+                args.extend(extra.iter().map(|a| (*a).to_owned()));
+                let child = Some(spawn(&args));
+                Node {
+                    child,
+                    client_url,
+                    args,
+                }
             })
             .collect();
         let etcd = Etcd { nodes, _dir: dir };
         etcd.wait_ready().await;
         etcd
+    }
+
+    /// Kills every node (as a crash would); [`Etcd::restart`] brings them back with their data.
+    pub fn stop(&mut self) {
+        for n in &mut self.nodes {
+            if let Some(mut c) = n.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// Starts stopped nodes again on the same ports and data directories, and waits until
+    /// the cluster answers.
+    pub async fn restart(&mut self) {
+        for n in &mut self.nodes {
+            if n.child.is_none() {
+                n.child = Some(spawn(&n.args));
+            }
+        }
+        self.wait_ready().await;
     }
 
     async fn wait_ready(&self) {
@@ -158,9 +189,16 @@ impl Etcd {
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        for n in &mut self.nodes {
-            let _ = n.child.kill();
-            let _ = n.child.wait();
-        }
+        self.stop();
     }
+}
+
+fn spawn(args: &[String]) -> Child {
+    let bin = binary();
+    Command::new(&bin)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
 }

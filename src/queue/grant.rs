@@ -1,0 +1,171 @@
+//! Grants: what every granted lock, read/write lock and leadership holds.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::provider::{EventKind, KeyRange, Op, Txn};
+use crate::session::{Claim, Incarnation, LossSignal, Session, SessionState};
+use crate::token::FencingToken;
+
+/// What every grant (lock, read/write, leadership) holds.
+pub(crate) struct Grant {
+    pub(crate) session: Session,
+    pub(crate) name: String,
+    pub(crate) incarnation: Incarnation,
+    pub(crate) token: FencingToken,
+    released: AtomicBool,
+    claim: std::sync::Mutex<Option<Claim>>,
+    entry_watch: std::sync::OnceLock<(
+        tokio::sync::watch::Receiver<bool>,
+        tokio::task::JoinHandle<()>,
+    )>,
+}
+
+impl Grant {
+    pub(crate) fn new(
+        session: Session,
+        name: String,
+        incarnation: Incarnation,
+        token: FencingToken,
+        claim: Option<Claim>,
+    ) -> Self {
+        Self {
+            session,
+            name,
+            incarnation,
+            token,
+            released: AtomicBool::new(false),
+            claim: std::sync::Mutex::new(claim),
+            entry_watch: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The session's signal plus this grant's entry. The entry is watched from the first
+    /// call on (no watch costs anything for grants nobody asks about).
+    pub(crate) fn loss_signal(&self) -> LossSignal {
+        let entry = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            self.entry_watch
+                .get_or_init(|| {
+                    let (tx, rx) = tokio::sync::watch::channel(false);
+                    let from = self
+                        .incarnation
+                        .create_revision
+                        .max(self.token.get() as i64)
+                        + 1;
+                    let task = rt.spawn(watch_entry(
+                        self.session.clone(),
+                        self.incarnation.clone(),
+                        from,
+                        tx,
+                    ));
+                    (rx, task)
+                })
+                .0
+                .clone()
+        });
+        self.session.loss_signal_with(entry)
+    }
+
+    fn stop_watching(&self) {
+        if let Some((_, task)) = self.entry_watch.get() {
+            task.abort();
+        }
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::Acquire)
+    }
+
+    /// Deletes the entry (fenced on its create revision). Local state changes only after the
+    /// store answered, so a failed release can be retried.
+    ///
+    /// When the entry was already gone, ownership had ended before this call (lease lost or
+    /// entry deleted): that is [`Error::LostBeforeRelease`] ([`Error::SessionClosed`] after
+    /// the owner's own `close`), and the grant counts as released all the same.
+    pub(crate) async fn release(&self) -> Result<(), Error> {
+        if self.is_released() {
+            return Err(Error::Released);
+        }
+        // Our own delete is not a loss to report.
+        self.stop_watching();
+        let deleted = self.session.release(&self.incarnation).await?;
+        // Whether or not the entry was still there, it is gone, and the session may acquire
+        // the primitive again.
+        self.released.store(true, Ordering::Release);
+        self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if deleted {
+            return Ok(());
+        }
+        if self.session.state() == SessionState::Closed {
+            return Err(Error::SessionClosed);
+        }
+        self.session.confirm_lease().await;
+        Err(Error::LostBeforeRelease {
+            name: self.name.clone(),
+        })
+    }
+}
+
+impl Drop for Grant {
+    fn drop(&mut self) {
+        self.stop_watching();
+        let claim = self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if self.is_released() || self.session.state() != SessionState::Alive {
+            return;
+        }
+        if let Some(c) = &claim {
+            c.cleaning();
+        }
+        let session = self.session.clone();
+        let incarnation = self.incarnation.clone();
+        self.session.spawn_cleanup(async move {
+            let _claim = claim;
+            session.release_while_alive(&incarnation).await;
+        });
+    }
+}
+
+/// Flags `deleted` once `entry` stops existing while the session lives. Reads again after any
+/// broken watch, so a missed event cannot hide a deletion.
+async fn watch_entry(
+    session: Session,
+    entry: Incarnation,
+    mut from: i64,
+    deleted: tokio::sync::watch::Sender<bool>,
+) {
+    loop {
+        if session.state() != SessionState::Alive {
+            return;
+        }
+        if let Ok(mut events) = session
+            .backend()
+            .watch(KeyRange::key(entry.key.clone()), from)
+            .await
+        {
+            while let Some(Ok(batch)) = events.next().await {
+                if batch.iter().any(|e| e.kind == EventKind::Delete) {
+                    // A revoked lease is a lost session, not only a deleted entry: find out
+                    // before reporting, so signals and state() say so at once.
+                    session.confirm_lease().await;
+                    deleted.send_replace(true);
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let read = Txn {
+            when: vec![],
+            then: vec![Op::get(entry.key.clone())],
+            otherwise: vec![],
+        };
+        if let Ok(r) = session.backend().txn(read).await {
+            if r.range(0).first().map(|kv| kv.create_revision) != Some(entry.create_revision) {
+                session.confirm_lease().await;
+                deleted.send_replace(true);
+                return;
+            }
+            from = r.revision + 1;
+        }
+    }
+}
