@@ -4,14 +4,23 @@
 //! again, makes the token durable, publishes it and only then admits (persist before forward,
 //! DESIGN 3). Advances of one resource are serialized so a lower concurrent advance loses and is
 //! re-checked; advances of different resources do not wait for each other (beyond the store).
+//!
+//! With a shared store (etcd, several replicas), two more things happen here:
+//! - `linearizable`: every admission first waits for a store read that started after it
+//!   arrived ([`crate::confirm`]), so a replica whose copy lags can never admit a zombie;
+//! - advances made by other replicas (seen by that read, by the store's watch, or by losing an
+//!   advance race) are *learned*: published locally and, since the new owner is already
+//!   writing through another replica, this replica's requests under older marks are aborted at
+//!   once (a drain with no wait).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::confirm::Coalescer;
 use crate::drain::{Drain, Entry, Ticket};
 use crate::guard::{Verdict, Watermark};
-use crate::marks::{MarkStore, Marks, StoreError};
+use crate::marks::{Consistency, MarkStore, Marks, StoreError};
 use crate::metrics::{MarkMetrics, Metrics, StoreMetrics};
 use crate::token::FencingToken;
 
@@ -22,6 +31,7 @@ pub struct Resource {
     mark: Watermark,
     advancing: tokio::sync::Mutex<()>,
     drain: Drain,
+    confirm: Arc<Coalescer>,
     metrics: MarkMetrics,
 }
 
@@ -76,6 +86,17 @@ pub struct Admission {
     store: Arc<dyn MarkStore>,
     resources: BTreeMap<String, Arc<Resource>>,
     persist_metrics: StoreMetrics,
+    confirm_metrics: StoreMetrics,
+    /// Applies advances made elsewhere (the store's watch); stopped on drop.
+    learner: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        if let Some(t) = &self.learner {
+            t.abort();
+        }
+    }
 }
 
 impl std::fmt::Debug for Admission {
@@ -123,7 +144,7 @@ impl Admission {
                 "the store holds marks for resources no route guards"
             );
         }
-        let resources = resources
+        let resources: BTreeMap<String, Arc<Resource>> = resources
             .into_iter()
             .map(|name| {
                 let name = name.as_ref();
@@ -135,16 +156,32 @@ impl Admission {
                     mark: Watermark::new(initial),
                     advancing: tokio::sync::Mutex::new(()),
                     drain: Drain::new(initial),
+                    confirm: Arc::default(),
                     metrics,
                 };
                 (name.to_owned(), Arc::new(res))
             })
             .collect();
         let persist_metrics = metrics.store(store.kind(), "persist");
+        let confirm_metrics = metrics.store(store.kind(), "confirm");
+        let learner = store.subscribe().map(|mut rx| {
+            let resources: BTreeMap<String, Arc<Resource>> = resources.clone();
+            tokio::spawn(async move {
+                while let Some((name, mark)) = rx.recv().await {
+                    if let Some(res) = resources.get(&name) {
+                        if mark > res.mark() {
+                            learn(Arc::clone(res), mark).await;
+                        }
+                    }
+                }
+            })
+        });
         Ok(Self {
             store,
             resources,
             persist_metrics,
+            confirm_metrics,
+            learner,
         })
     }
 
@@ -184,6 +221,25 @@ impl Admission {
         token: FencingToken,
         drain_timeout: Duration,
     ) -> Result<(Admitted, Ticket), Refused> {
+        if self.store.consistency() == Consistency::Linearizable {
+            let m = self.confirm_metrics.clone();
+            let stored = resource
+                .confirm
+                .confirm(&self.store, &resource.name, move |took, failed| {
+                    m.duration.observe(took.as_secs_f64());
+                    if failed {
+                        m.errors.inc();
+                    }
+                })
+                .await
+                .map_err(|e| Refused::Unavailable {
+                    token,
+                    source: StoreError::Shared(e),
+                })?;
+            if stored > resource.mark() {
+                learn(Arc::clone(resource), stored).await;
+            }
+        }
         loop {
             match resource.mark.check(token) {
                 Verdict::Stale { mark } => return Err(Refused::Stale { token, mark }),
@@ -248,9 +304,20 @@ async fn advance(
             Err(_) => Err(StoreError::Timeout(PERSIST_TIMEOUT)),
         };
     metrics.duration.observe(started.elapsed().as_secs_f64());
-    if let Err(source) = persisted {
-        metrics.errors.inc();
-        return Err(Refused::Unavailable { token, source });
+    let stored = match persisted {
+        Ok(stored) => stored,
+        Err(source) => {
+            metrics.errors.inc();
+            return Err(Refused::Unavailable { token, source });
+        }
+    };
+    if stored > token.get() {
+        // Another replica advanced further first: take its mark, and this request is stale.
+        publish_learned(&res, stored).await;
+        return Err(Refused::Stale {
+            token,
+            mark: stored,
+        });
     }
     // The new generation goes in before the mark is published, so that no request admitted
     // under the new mark can be counted in the old generation.
@@ -275,6 +342,44 @@ async fn advance(
         );
     }
     Ok(Some((Admitted::Advanced { from }, ticket)))
+}
+
+/// Applies a mark advanced by another replica (cancel-safe: runs in its own task).
+async fn learn(res: Arc<Resource>, mark: u64) {
+    let task = tokio::spawn(async move {
+        let _serialized = res.advancing.lock().await;
+        publish_learned(&res, mark).await;
+    });
+    let _ = task.await;
+}
+
+/// With the advance lock held: publishes `mark` if it is higher and aborts this replica's
+/// requests under older marks at once (their new owner is already writing elsewhere).
+async fn publish_learned(res: &Resource, mark: u64) {
+    let Some(token) = FencingToken::new(mark) else {
+        return;
+    };
+    let from = match res.mark.check(token) {
+        Verdict::Advance { from } => from,
+        Verdict::Admit | Verdict::Stale { .. } => return,
+    };
+    let (ticket, old) = res.drain.install(mark);
+    let now = res.mark.publish(token);
+    res.metrics.mark.set(now as i64);
+    res.metrics.advances.inc();
+    tracing::info!(resource = %res.name, from, to = now, "mark advanced by another replica");
+    let drained = res.drain.finish(&ticket, &old, Duration::ZERO).await;
+    drop(ticket);
+    if drained.aborted > 0 {
+        res.metrics.drain_timeouts.inc();
+        res.metrics.drain_aborted.inc_by(drained.aborted);
+        tracing::warn!(
+            resource = %res.name,
+            mark = now,
+            aborted = drained.aborted,
+            "requests under older marks aborted: another replica admitted a newer owner"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -74,10 +74,20 @@ pub enum StartError {
 /// # Errors
 /// [`StoreError`] when the store cannot be opened (for `file`: unreadable, corrupt, or its
 /// directory is not writable).
-pub fn open_store(config: &Config) -> Result<Arc<dyn MarkStore>, StoreError> {
+pub async fn open_store(config: &Config) -> Result<Arc<dyn MarkStore>, StoreError> {
     Ok(match &config.marks {
         MarksSettings::Memory => Arc::new(MemoryStore::new()),
         MarksSettings::File { path } => Arc::new(FileStore::open(path)?),
+        #[cfg(feature = "etcd")]
+        MarksSettings::Etcd(settings) => {
+            Arc::new(crate::marks::etcd::EtcdStore::connect(settings).await?)
+        }
+        #[cfg(not(feature = "etcd"))]
+        MarksSettings::Etcd(_) => {
+            return Err(StoreError::Etcd(
+                "this palisade was built without the `etcd` feature".to_owned(),
+            ))
+        }
     })
 }
 
@@ -92,7 +102,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
     let metrics = Metrics::new(prometheus::Registry::new())?;
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     let mut resources: Vec<&str> = config
         .routes
         .iter()

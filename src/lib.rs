@@ -16,6 +16,7 @@
 //! - [`path`]: request paths in normal form, so routes cannot be bypassed.
 //! - [`host`]: Host headers and authorities in one strict form, for the same reason.
 //! - [`config`]: TOML configuration and its validation.
+//! - [`confirm`]: confirmation rounds that let concurrent admissions share one store read.
 //! - [`reject`]: every refusal and its HTTP and gRPC form, in one table.
 //! - [`metrics`]: Prometheus metric families.
 //! - [`proxy`]: the request pipeline of the reverse proxy.
@@ -34,6 +35,7 @@ pub mod admin;
 pub mod admission;
 pub mod app;
 pub mod config;
+pub mod confirm;
 pub mod drain;
 pub mod election;
 pub mod error;

@@ -77,6 +77,16 @@ pub enum CliError {
         /// The configuration file.
         config: PathBuf,
     },
+    /// `store = "etcd"`: not handled by this command yet.
+    #[error(
+        "{config}: store = \"etcd\": `palisade marks` does not work on etcd yet; read a mark \
+         with `etcdctl get --prefix <prefix>` (values are 8-byte big-endian) and see the \
+         README's \"Several replicas\" for the recovery procedure"
+    )]
+    EtcdStore {
+        /// The configuration file.
+        config: PathBuf,
+    },
     /// `set` without `--force`; nothing was changed.
     #[error(
         "refusing to set {resource} to {value} without --force (its mark is {}): a lower mark \
@@ -162,6 +172,9 @@ impl Target {
         match &config.marks {
             MarksSettings::File { path } => Ok(Target::File(path.clone())),
             MarksSettings::Memory => Err(CliError::MemoryStore {
+                config: config.file.clone(),
+            }),
+            MarksSettings::Etcd(_) => Err(CliError::EtcdStore {
                 config: config.file.clone(),
             }),
         }

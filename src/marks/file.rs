@@ -291,16 +291,16 @@ impl Inner {
         sync_dir(&self.dir).map_err(io_err(&self.dir, "fsync directory"))
     }
 
-    fn persist(&self, resource: &str, mark: u64) -> Result<(), StoreError> {
+    fn persist(&self, resource: &str, mark: u64) -> Result<u64, StoreError> {
         let mut current = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-        if current.get(resource).is_some_and(|&m| m >= mark) {
-            return Ok(());
+        if let Some(&m) = current.get(resource).filter(|&&m| m >= mark) {
+            return Ok(m);
         }
         let mut next = current.clone();
         next.insert(resource.to_owned(), mark);
         self.write(&next)?;
         *current = next;
-        Ok(())
+        Ok(mark)
     }
 
     /// One readiness probe: the same system calls as an advance (create, write, fsync, a
@@ -376,7 +376,7 @@ impl MarkStore for FileStore {
         &'a self,
         resource: &'a str,
         mark: u64,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         let inner = Arc::clone(&self.inner);
         let resource = resource.to_owned();
         // spawn_blocking runs to completion even if the caller goes away, so a write is never

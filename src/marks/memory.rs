@@ -45,11 +45,12 @@ impl MarkStore for MemoryStore {
         &'a self,
         resource: &'a str,
         mark: u64,
-    ) -> BoxFuture<'a, Result<(), StoreError>> {
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
         let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
         let slot = marks.entry(resource.to_owned()).or_default();
         *slot = (*slot).max(mark);
-        Box::pin(async { Ok(()) })
+        let stored = *slot;
+        Box::pin(async move { Ok(stored) })
     }
 
     fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>> {

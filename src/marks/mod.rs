@@ -7,6 +7,8 @@
 
 mod audit;
 pub mod cli;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod file;
 pub mod memory;
 
@@ -36,13 +38,52 @@ pub trait MarkStore: Send + Sync + 'static {
     /// Every mark the store holds.
     fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>>;
 
-    /// Makes `mark` durable for `resource`; resolves only once it is.
-    fn persist<'a>(&'a self, resource: &'a str, mark: u64)
-        -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Makes `mark` durable for `resource` unless the store already holds a higher one, and
+    /// returns the stored mark afterwards: `mark` itself, or the higher mark that won (another
+    /// proxy sharing the store advanced further). Resolves only once the result is durable.
+    fn persist<'a>(
+        &'a self,
+        resource: &'a str,
+        mark: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// How admissions must treat this store's marks: [`Consistency::Local`] for a store only
+    /// this process writes (its in-memory mark is the truth), or one of the shared modes.
+    fn consistency(&self) -> Consistency {
+        Consistency::Local
+    }
+
+    /// The stored mark of `resource` (0 when none), read so that the read starts after the
+    /// call and sees every write acknowledged before it (a linearizable read). Only called
+    /// for [`Consistency::Linearizable`] stores.
+    fn confirm<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let _ = resource;
+        Box::pin(async { Ok(0) })
+    }
+
+    /// Advances made by other processes sharing the store, as `(resource, mark)`, for as long
+    /// as the receiver is kept. `None` for stores no other process writes.
+    fn subscribe(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>> {
+        None
+    }
 
     /// Whether the store can currently take writes (for `/readyz`): a real write where the
     /// store has one, its result reused briefly so that polling stays cheap.
     fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// How proxies sharing a store agree on marks (`[marks.etcd] consistency`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Consistency {
+    /// One process owns the store: its own mark is authoritative.
+    Local,
+    /// Every admission, equal tokens included, is confirmed by a read of the store that
+    /// started after the request arrived (concurrent admissions share one read).
+    Linearizable,
+    /// Equal and lower tokens are judged on a local copy that a watch keeps fresh; advances
+    /// still go through the store. A zombie can get through for as long as the watch lags.
+    Cached,
 }
 
 /// Why a mark store could not load or persist.
@@ -90,6 +131,12 @@ pub enum StoreError {
         /// The lock file beside it.
         lock: PathBuf,
     },
+    /// The etcd store failed (connect, request, or an unreadable value).
+    #[error("etcd mark store: {0}")]
+    Etcd(String),
+    /// A failure shared by every request of one confirmation round.
+    #[error(transparent)]
+    Shared(std::sync::Arc<StoreError>),
     /// The store did not answer in time.
     #[error("mark store did not answer within {0:?}")]
     Timeout(std::time::Duration),

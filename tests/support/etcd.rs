@@ -131,6 +131,50 @@ impl Etcd {
         self.wait_ready().await;
     }
 
+    /// Kills node `i` alone (a crash of one member).
+    pub fn stop_node(&mut self, i: usize) {
+        if let Some(mut c) = self.nodes[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts node `i` again on its ports and data; does not wait for the cluster.
+    pub fn start_node(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        if n.child.is_none() {
+            n.child = Some(spawn(&n.args));
+        }
+    }
+
+    /// Waits until the cluster takes writes again (a quorum is up).
+    pub async fn wait_writable(&self) {
+        self.wait_ready().await;
+    }
+
+    /// The index of the current leader among the running nodes, asked of each node.
+    pub async fn leader(&self) -> Option<usize> {
+        let mut ids = Vec::new();
+        let mut leader = None;
+        for n in &self.nodes {
+            let mut id = None;
+            if n.child.is_some() {
+                if let Ok(mut c) = etcd_client::Client::connect([n.client_url.as_str()], None).await
+                {
+                    if let Ok(st) = c.status().await {
+                        id = st.header().map(|h| h.member_id());
+                        if st.leader() != 0 {
+                            leader = Some(st.leader());
+                        }
+                    }
+                }
+            }
+            ids.push(id);
+        }
+        let leader = leader?;
+        ids.iter().position(|id| *id == Some(leader))
+    }
+
     async fn wait_ready(&self) {
         let started = Instant::now();
         loop {

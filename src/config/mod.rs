@@ -19,6 +19,10 @@ use toml::Spanned;
 
 use crate::path;
 
+mod etcd;
+
+pub use etcd::{EtcdSettings, EtcdTls, Password};
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -117,6 +121,8 @@ pub enum MarksSettings {
         /// `path`, resolved against the config file's directory.
         path: PathBuf,
     },
+    /// `store = "etcd"`: shared by every replica (`[marks.etcd]`).
+    Etcd(EtcdSettings),
 }
 
 /// How palisade talks to an upstream.
@@ -356,6 +362,7 @@ mod raw {
         Memory,
         #[default]
         File,
+        Etcd,
     }
 
     #[derive(Deserialize, Default)]
@@ -364,6 +371,7 @@ mod raw {
         #[serde(default)]
         pub(super) store: StoreKind,
         pub(super) path: Option<Spanned<String>>,
+        pub(super) etcd: Option<super::etcd::Raw>,
     }
 
     #[derive(Deserialize)]
@@ -585,11 +593,28 @@ impl Validator<'_> {
                     )
                 })?,
         };
+        let etcd = raw.marks.etcd;
+        if etcd.is_some() && raw.marks.store != raw::StoreKind::Etcd {
+            return Err(self.error(0, "marks.etcd", "only used with store = \"etcd\""));
+        }
         let marks = match (raw.marks.store, raw.marks.path) {
             (raw::StoreKind::Memory, None) => MarksSettings::Memory,
             (raw::StoreKind::Memory, Some(p)) => {
                 return Err(self.at(&p, "marks.path", "only used with store = \"file\""))
             }
+            (raw::StoreKind::Etcd, Some(p)) => {
+                return Err(self.at(&p, "marks.path", "only used with store = \"file\""))
+            }
+            (raw::StoreKind::Etcd, None) => match etcd {
+                Some(e) => MarksSettings::Etcd(self.etcd(e)?),
+                None => {
+                    return Err(self.error(
+                        0,
+                        "marks.etcd",
+                        "store = \"etcd\" needs a [marks.etcd] table with endpoints",
+                    ))
+                }
+            },
             (raw::StoreKind::File, p) => {
                 let p = p.map_or_else(|| "data/marks.json".to_owned(), Spanned::into_inner);
                 if p.is_empty() {

@@ -1,0 +1,363 @@
+//! Marks in etcd, shared by every proxy replica in front of the same service (DESIGN 4).
+//!
+//! Key `<prefix><resource>`, value the mark as 8 bytes big-endian, so that etcd's bytewise
+//! value compare orders marks numerically. An advance is one transaction:
+//!
+//! ```text
+//! If(CreateRevision(key) == 0) Then Put(key, t)            -- first mark of the resource
+//! Else Txn( If(Value(key) < t) Then Put(key, t) Else Get(key) )
+//! ```
+//!
+//! (a value compare on a missing key fails, hence the outer branch). A lost race returns the
+//! winner's mark, which admission judges the request against again: a mark never goes down,
+//! whatever order replicas write in.
+//!
+//! Every request is bounded by `request_timeout_ms` (etcd-client has no default timeout); a
+//! store that cannot answer fails closed (503). [`EtcdStore::subscribe`] runs a watch on the
+//! prefix that resumes from the last revision it saw after a disconnect, and reloads every
+//! mark when that revision was compacted away.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
+    WatchOptions,
+};
+use tokio::sync::mpsc;
+
+use super::{BoxFuture, Consistency, MarkStore, Marks, StoreError};
+use crate::config::EtcdSettings;
+
+/// The etcd mark store.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    prefix: String,
+    timeout: Duration,
+    consistency: Consistency,
+    /// The revision of the last `load`, where the watch starts.
+    loaded_at: std::sync::atomic::AtomicI64,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.inner.prefix)
+            .field("consistency", &self.inner.consistency)
+            .finish_non_exhaustive()
+    }
+}
+
+fn etcd_err(what: &str) -> impl FnOnce(etcd_client::Error) -> StoreError + '_ {
+    move |e| StoreError::Etcd(format!("{what}: {e}"))
+}
+
+impl EtcdStore {
+    /// Connects to the endpoints of `settings` (at most `dial_timeout` for the first
+    /// connection). The password, when configured, is read here and never logged.
+    ///
+    /// # Errors
+    /// [`StoreError::Etcd`] when no endpoint can be reached or the TLS files are unusable.
+    pub async fn connect(settings: &EtcdSettings) -> Result<Self, StoreError> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(settings.dial_timeout)
+            .with_timeout(settings.request_timeout)
+            .with_keep_alive(Duration::from_secs(10), settings.request_timeout);
+        if let Some(user) = &settings.username {
+            let password = settings.password()?;
+            options = options.with_user(user.clone(), password);
+        }
+        options = tls(settings, options)?;
+        let connect = Client::connect(settings.endpoints.clone(), Some(options));
+        let client = match tokio::time::timeout(settings.dial_timeout, connect).await {
+            Ok(r) => r.map_err(etcd_err("connect"))?,
+            Err(_) => {
+                return Err(StoreError::Etcd(format!(
+                    "connect: no endpoint answered within {:?}",
+                    settings.dial_timeout
+                )))
+            }
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                prefix: settings.prefix.clone(),
+                timeout: settings.request_timeout,
+                consistency: settings.consistency,
+                loaded_at: std::sync::atomic::AtomicI64::new(0),
+            }),
+        })
+    }
+
+    fn key(&self, resource: &str) -> Vec<u8> {
+        format!("{}{resource}", self.inner.prefix).into_bytes()
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &'static str,
+        f: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.inner.timeout, f).await {
+            Ok(r) => r.map_err(etcd_err(what)),
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+        }
+    }
+
+    /// Every mark under the prefix and the revision they were read at.
+    async fn load_all(&self) -> Result<(Marks, i64), StoreError> {
+        let mut kv = self.inner.client.kv_client();
+        let prefix = self.inner.prefix.clone();
+        let resp = self
+            .bounded(
+                "load",
+                kv.get(prefix.clone(), Some(GetOptions::new().with_prefix())),
+            )
+            .await?;
+        let mut marks = Marks::new();
+        for kv in resp.kvs() {
+            let name = String::from_utf8_lossy(&kv.key()[prefix.len()..]).into_owned();
+            marks.insert(name, decode(kv.key(), kv.value())?);
+        }
+        let rev = resp.header().map_or(0, |h| h.revision());
+        Ok((marks, rev))
+    }
+}
+
+#[cfg(feature = "etcd-tls")]
+fn tls(settings: &EtcdSettings, options: ConnectOptions) -> Result<ConnectOptions, StoreError> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let Some(t) = &settings.tls else {
+        return Ok(options);
+    };
+    let read = |p: &std::path::Path| {
+        std::fs::read(p).map_err(|e| StoreError::Etcd(format!("{}: {e}", p.display())))
+    };
+    let mut tls = TlsOptions::new();
+    if let Some(ca) = &t.ca {
+        tls = tls.ca_certificate(Certificate::from_pem(read(ca)?));
+    }
+    if let Some((cert, key)) = &t.identity {
+        tls = tls.identity(Identity::from_pem(read(cert)?, read(key)?));
+    }
+    Ok(options.with_tls(tls))
+}
+
+#[cfg(not(feature = "etcd-tls"))]
+fn tls(settings: &EtcdSettings, options: ConnectOptions) -> Result<ConnectOptions, StoreError> {
+    match settings.tls {
+        None => Ok(options),
+        Some(_) => Err(StoreError::Etcd(
+            "TLS to etcd needs palisade built with the `etcd-tls` feature".to_owned(),
+        )),
+    }
+}
+
+/// A stored mark: exactly 8 bytes, big-endian.
+fn decode(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
+    <[u8; 8]>::try_from(value)
+        .map(u64::from_be_bytes)
+        .map_err(|_| {
+            StoreError::Etcd(format!(
+                "key {} holds {} bytes, not an 8-byte big-endian mark; refusing to guess",
+                String::from_utf8_lossy(key),
+                value.len()
+            ))
+        })
+}
+
+impl MarkStore for EtcdStore {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>> {
+        Box::pin(async move {
+            let (marks, rev) = self.load_all().await?;
+            self.inner
+                .loaded_at
+                .store(rev, std::sync::atomic::Ordering::Relaxed);
+            Ok(marks)
+        })
+    }
+
+    fn persist<'a>(
+        &'a self,
+        resource: &'a str,
+        mark: u64,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let key = self.key(resource);
+            let value = mark.to_be_bytes().to_vec();
+            let raise = Txn::new()
+                .when([Compare::value(key.clone(), CompareOp::Less, value.clone())])
+                .and_then([TxnOp::put(key.clone(), value.clone(), None)])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(key.clone(), value, None)])
+                .or_else([TxnOp::txn(raise)]);
+            let mut kv = self.inner.client.kv_client();
+            let resp = self.bounded("advance", kv.txn(txn)).await?;
+            if resp.succeeded() {
+                return Ok(mark);
+            }
+            let inner = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Txn(t) => Some(t),
+                _ => None,
+            });
+            let Some(inner) = inner else {
+                return Err(StoreError::Etcd("advance: no nested response".to_owned()));
+            };
+            if inner.succeeded() {
+                return Ok(mark);
+            }
+            for r in inner.op_responses() {
+                if let TxnOpResponse::Get(g) = r {
+                    if let Some(kv) = g.kvs().first() {
+                        // `Value < mark` failed: the stored mark is at least `mark`.
+                        return Ok(decode(kv.key(), kv.value())?.max(mark));
+                    }
+                }
+            }
+            Err(StoreError::Etcd(
+                "advance: the key vanished during the transaction".to_owned(),
+            ))
+        })
+    }
+
+    fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            // A linearizable read goes through the cluster's leader and a quorum: the same
+            // path an advance needs.
+            let mut kv = self.inner.client.kv_client();
+            let key = self.inner.prefix.clone();
+            self.bounded(
+                "ready",
+                kv.get(key, Some(GetOptions::new().with_prefix().with_count_only())),
+            )
+            .await
+            .map(|_| ())
+        })
+    }
+
+    fn consistency(&self) -> Consistency {
+        self.inner.consistency
+    }
+
+    fn confirm<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let mut kv = self.inner.client.kv_client();
+            let resp = self
+                .bounded("confirm", kv.get(self.key(resource), None))
+                .await?;
+            match resp.kvs().first() {
+                Some(kv) => decode(kv.key(), kv.value()),
+                None => Ok(0),
+            }
+        })
+    }
+
+    fn subscribe(&self) -> Option<mpsc::UnboundedReceiver<(String, u64)>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let store = self.clone();
+        let from = self
+            .inner
+            .loaded_at
+            .load(std::sync::atomic::Ordering::Relaxed);
+        tokio::spawn(async move { store.watch_loop(from, tx).await });
+        Some(rx)
+    }
+}
+
+impl EtcdStore {
+    /// Forwards every mark written under the prefix after revision `seen` until the receiver
+    /// is dropped. A broken watch is re-created from the last revision seen; a compacted one
+    /// reloads every mark first.
+    async fn watch_loop(self, mut seen: i64, tx: mpsc::UnboundedSender<(String, u64)>) {
+        let prefix = self.inner.prefix.clone();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            let options = WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(seen + 1);
+            let mut watch = self.inner.client.watch_client();
+            let stream = match self
+                .bounded("watch", watch.watch(prefix.clone(), Some(options)))
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "etcd marks watch: cannot start; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            };
+            let mut stream = stream;
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    () = tx.closed() => return,
+                };
+                let resp = match msg {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "etcd marks watch broke; resuming");
+                        break;
+                    }
+                };
+                backoff = Duration::from_millis(50);
+                if resp.compact_revision() > 0 {
+                    // Events after `seen` are gone: read the present instead.
+                    tracing::warn!(
+                        compacted = resp.compact_revision(),
+                        seen,
+                        "etcd marks watch fell behind a compaction; reloading every mark"
+                    );
+                    match self.load_all().await {
+                        Ok((marks, rev)) => {
+                            for (name, mark) in marks {
+                                let _ = tx.send((name, mark));
+                            }
+                            seen = rev;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "etcd marks reload failed; retrying");
+                            tokio::time::sleep(backoff).await;
+                        }
+                    }
+                    break;
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    seen = seen.max(kv.mod_revision());
+                    if ev.event_type() != EventType::Put {
+                        continue;
+                    }
+                    let Some(name) = kv.key().get(prefix.len()..) else {
+                        continue;
+                    };
+                    match decode(kv.key(), kv.value()) {
+                        Ok(mark) => {
+                            let _ = tx.send((String::from_utf8_lossy(name).into_owned(), mark));
+                        }
+                        Err(e) => tracing::error!(error = %e, "etcd marks watch: bad value"),
+                    }
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+}
