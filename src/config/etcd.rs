@@ -84,8 +84,8 @@ impl EtcdSettings {
 pub(super) struct Raw {
     endpoints: Spanned<Vec<Spanned<String>>>,
     prefix: Option<Spanned<String>>,
-    #[serde(default = "linearizable")]
-    consistency: Spanned<Consistency>,
+    #[serde(default)]
+    consistency: RawConsistency,
     dial_timeout_ms: Option<Spanned<u64>>,
     request_timeout_ms: Option<Spanned<u64>>,
     username: Option<Spanned<String>>,
@@ -96,8 +96,12 @@ pub(super) struct Raw {
     key: Option<Spanned<String>>,
 }
 
-fn linearizable() -> Spanned<Consistency> {
-    Spanned::new(0..0, Consistency::Linearizable)
+#[derive(Deserialize, Default, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum RawConsistency {
+    #[default]
+    Linearizable,
+    Cached,
 }
 
 impl Validator<'_> {
@@ -132,13 +136,6 @@ impl Validator<'_> {
             }
             Some(p) => p.into_inner(),
         };
-        if *raw.consistency.get_ref() == Consistency::Local {
-            return Err(self.at(
-                &raw.consistency,
-                k("consistency"),
-                "must be \"linearizable\" or \"cached\"",
-            ));
-        }
         let ms = |v: Option<Spanned<u64>>, key: &str| -> Result<Duration, ConfigError> {
             Ok(Duration::from_millis(self.positive(v, &k(key), 2_000)?))
         };
@@ -210,12 +207,99 @@ impl Validator<'_> {
         Ok(EtcdSettings {
             endpoints,
             prefix,
-            consistency: *raw.consistency.get_ref(),
+            consistency: match raw.consistency {
+                RawConsistency::Linearizable => Consistency::Linearizable,
+                RawConsistency::Cached => Consistency::Cached,
+            },
             dial_timeout,
             request_timeout,
             username,
             password,
             tls,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Config, ConfigError, MarksSettings};
+    use super::*;
+
+    fn parse(marks: &str) -> Result<Config, ConfigError> {
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n[marks]\nstore = \"etcd\"\n{marks}\n\
+             [[upstream]]\nname = \"u\"\nurl = \"http://127.0.0.1:9\"\n"
+        );
+        Config::parse(&text, Path::new("conf/p.toml"))
+    }
+
+    fn key_of(e: ConfigError) -> (usize, String, String) {
+        match e {
+            ConfigError::Invalid {
+                line, key, message, ..
+            } => (line, key, message),
+            e => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn etcd_settings_have_defaults_and_hide_the_password() {
+        let c = parse(
+            "[marks.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nusername = \"p\"\npassword = \"s3cret\"",
+        )
+        .unwrap();
+        let MarksSettings::Etcd(e) = &c.marks else {
+            panic!()
+        };
+        assert_eq!(e.prefix, "/palisade/marks/");
+        assert_eq!(e.consistency, Consistency::Linearizable);
+        assert_eq!(e.request_timeout, Duration::from_secs(2));
+        assert_eq!(e.password().unwrap(), "s3cret");
+        assert!(!format!("{e:?} {c:?}").contains("s3cret"), "never printed");
+    }
+
+    #[test]
+    fn etcd_settings_errors_name_the_key() {
+        let cases = [
+            ("[marks.etcd]\nendpoints = []", "marks.etcd.endpoints"),
+            ("[marks.etcd]\nendpoints = [\"127.0.0.1:2379\"]", "marks.etcd.endpoints[0]"),
+            (
+                "[marks.etcd]\nendpoints = [\"https://127.0.0.1:2379\"]",
+                "marks.etcd.ca",
+            ),
+            (
+                "[marks.etcd]\nendpoints = [\"http://h:1\"]\nconsistency = \"local\"",
+                "marks.etcd.consistency",
+            ),
+            (
+                "[marks.etcd]\nendpoints = [\"http://h:1\"]\nconsistency = \"eventual\"",
+                "marks.etcd.consistency",
+            ),
+            (
+                "[marks.etcd]\nendpoints = [\"http://h:1\"]\nusername = \"u\"",
+                "marks.etcd.username",
+            ),
+            (
+                "[marks.etcd]\nendpoints = [\"http://h:1\"]\nusername = \"u\"\npassword_env = \"PALISADE_TEST_SURELY_UNSET\"",
+                "marks.etcd.password_env",
+            ),
+            (
+                "[marks.etcd]\nendpoints = [\"http://h:1\"]\nca = \"missing.pem\"",
+                "marks.etcd.ca",
+            ),
+            (
+                "[marks.etcd]\nendpoints = [\"http://h:1\"]\nrequest_timeout_ms = 0",
+                "marks.etcd.request_timeout_ms",
+            ),
+            ("", "marks.etcd"),
+        ];
+        for (marks, want) in cases {
+            let (_, key, msg) = key_of(parse(marks).unwrap_err());
+            assert_eq!(key, want, "{marks}: {msg}");
+        }
+        // The table without store = "etcd" is a mistake too.
+        let text = "[proxy]\nlisten = \"127.0.0.1:0\"\n[marks.etcd]\nendpoints = [\"http://h:1\"]\n";
+        let (_, key, _) = key_of(Config::parse(text, Path::new("p.toml")).unwrap_err());
+        assert_eq!(key, "marks.etcd");
     }
 }

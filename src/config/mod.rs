@@ -507,7 +507,11 @@ impl Validator<'_> {
     }
 
     fn serde_error(&self, e: serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
-        let mut key = e.path().to_string();
+        // serde_spanned's wrapper shows up in the path of a mistyped `Spanned` value.
+        let mut key = e
+            .path()
+            .to_string()
+            .replace(".$__serde_spanned_private_value", "");
         let inner = e.into_inner();
         let span = inner.span();
         let message = inner.message().trim().to_owned();
