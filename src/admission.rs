@@ -14,7 +14,7 @@
 //!   once (a drain with no wait).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::confirm::Coalescer;
@@ -44,6 +44,23 @@ impl Resource {
     /// The current mark (0: nothing accepted yet).
     pub fn mark(&self) -> u64 {
         self.mark.get()
+    }
+}
+
+type Resources = BTreeMap<String, Arc<Resource>>;
+
+impl Resource {
+    fn new(name: &str, initial: u64, metrics: &Metrics) -> Arc<Self> {
+        let metrics = metrics.mark(name);
+        metrics.mark.set(initial as i64);
+        Arc::new(Resource {
+            name: name.into(),
+            mark: Watermark::new(initial),
+            advancing: tokio::sync::Mutex::new(()),
+            drain: Drain::new(initial),
+            confirm: Arc::default(),
+            metrics,
+        })
     }
 }
 
@@ -84,7 +101,8 @@ pub enum Refused {
 /// Every fenced resource and the store behind their marks.
 pub struct Admission {
     store: Arc<dyn MarkStore>,
-    resources: BTreeMap<String, Arc<Resource>>,
+    resources: Arc<RwLock<Resources>>,
+    metrics: Metrics,
     persist_metrics: StoreMetrics,
     confirm_metrics: StoreMetrics,
     /// Applies advances made elsewhere (the store's watch); stopped on drop.
@@ -144,34 +162,24 @@ impl Admission {
                 "the store holds marks for resources no route guards"
             );
         }
-        let resources: BTreeMap<String, Arc<Resource>> = resources
+        let resources: Resources = resources
             .into_iter()
             .map(|name| {
                 let name = name.as_ref();
                 let initial = loaded.get(name).copied().unwrap_or(0);
-                let metrics = metrics.mark(name);
-                metrics.mark.set(initial as i64);
-                let res = Resource {
-                    name: name.into(),
-                    mark: Watermark::new(initial),
-                    advancing: tokio::sync::Mutex::new(()),
-                    drain: Drain::new(initial),
-                    confirm: Arc::default(),
-                    metrics,
-                };
-                (name.to_owned(), Arc::new(res))
+                (name.to_owned(), Resource::new(name, initial, metrics))
             })
             .collect();
+        let resources = Arc::new(RwLock::new(resources));
         let persist_metrics = metrics.store(store.kind(), "persist");
         let confirm_metrics = metrics.store(store.kind(), "confirm");
         let learner = store.subscribe().map(|mut rx| {
-            let resources: BTreeMap<String, Arc<Resource>> = resources.clone();
+            let resources = Arc::clone(&resources);
             tokio::spawn(async move {
                 while let Some((name, mark)) = rx.recv().await {
-                    if let Some(res) = resources.get(&name) {
-                        if mark > res.mark() {
-                            learn(Arc::clone(res), mark).await;
-                        }
+                    let res = read(&resources).get(&name).cloned();
+                    if let Some(res) = res.filter(|r| mark > r.mark()) {
+                        learn(res, mark).await;
                     }
                 }
             })
@@ -179,20 +187,42 @@ impl Admission {
         Ok(Self {
             store,
             resources,
+            metrics: metrics.clone(),
             persist_metrics,
             confirm_metrics,
             learner,
         })
     }
 
-    /// The resource named `name`, if it was configured.
-    pub fn resource(&self, name: &str) -> Option<&Arc<Resource>> {
-        self.resources.get(name)
+    /// The resource named `name`, if it is known (configured, or opened since).
+    pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
+        read(&self.resources).get(name).cloned()
     }
 
-    /// Current marks of every configured resource.
+    /// The resource named `name`, loading its mark from the store the first time it is asked
+    /// for (resources chosen per request by a guard layer, routes added by a reload).
+    ///
+    /// # Errors
+    /// The store's error when the mark cannot be loaded: the resource is not guarded on a
+    /// guess.
+    pub async fn resource_or_open(&self, name: &str) -> Result<Arc<Resource>, StoreError> {
+        if let Some(r) = self.resource(name) {
+            return Ok(r);
+        }
+        let initial = match self.store.consistency() {
+            Consistency::Local => self.store.load().await?.get(name).copied().unwrap_or(0),
+            _ => self.store.confirm(name).await?,
+        };
+        let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
+        // Another request may have opened it meanwhile: keep the first.
+        Ok(Arc::clone(map.entry(name.to_owned()).or_insert_with(
+            || Resource::new(name, initial, &self.metrics),
+        )))
+    }
+
+    /// Current marks of every known resource.
     pub fn marks(&self) -> Marks {
-        self.resources
+        read(&self.resources)
             .iter()
             .map(|(k, r)| (k.clone(), r.mark()))
             .collect()
@@ -342,6 +372,10 @@ async fn advance(
         );
     }
     Ok(Some((Admitted::Advanced { from }, ticket)))
+}
+
+fn read(r: &RwLock<Resources>) -> std::sync::RwLockReadGuard<'_, Resources> {
+    r.read().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Applies a mark advanced by another replica (cancel-safe: runs in its own task).

@@ -119,37 +119,65 @@ impl Generation {
     }
 }
 
-/// One request (or one half of it: see [`Ticket::split`]) in flight under a generation.
+/// One request in flight under a generation (or one half of it: see [`Ticket::split`]).
 #[derive(Debug)]
-pub struct Ticket(Arc<Generation>);
+pub struct Ticket(Hold);
+
+#[derive(Debug)]
+enum Hold {
+    /// The whole request.
+    Whole(Counted),
+    /// One of the two halves of a request, which share its one count.
+    Half(Arc<Counted>),
+}
+
+/// One count in a generation's in-flight requests, given back when dropped.
+#[derive(Debug)]
+struct Counted(Arc<Generation>);
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        if self.0.inflight.fetch_sub(1, SeqCst) == 1 && self.0.superseded.load(SeqCst) {
+            self.0.drained.notify_waiters();
+        }
+    }
+}
 
 impl Ticket {
-    /// The generation this ticket counts in.
-    pub fn generation(&self) -> &Arc<Generation> {
-        &self.0
+    /// A ticket for a count already added to `generation`.
+    fn whole(generation: Arc<Generation>) -> Self {
+        Ticket(Hold::Whole(Counted(generation)))
     }
 
-    /// A second ticket for the same request, so that the request body and the response body
-    /// (which end at different times, in different tasks) each hold one.
-    pub fn split(&self) -> Ticket {
-        self.0.inflight.fetch_add(1, SeqCst);
-        Ticket(Arc::clone(&self.0))
+    /// The generation this ticket counts in.
+    pub fn generation(&self) -> &Arc<Generation> {
+        match &self.0 {
+            Hold::Whole(c) => &c.0,
+            Hold::Half(c) => &c.0,
+        }
+    }
+
+    /// Two tickets for the same request, so that the request body and the response body
+    /// (which end at different times, in different tasks) each hold one. The request still
+    /// counts once (a drain's abort reports requests, not halves) and leaves its generation
+    /// when both halves are dropped.
+    pub fn split(self) -> (Ticket, Ticket) {
+        let shared = match self.0 {
+            Hold::Whole(c) => Arc::new(c),
+            Hold::Half(c) => c,
+        };
+        (
+            Ticket(Hold::Half(Arc::clone(&shared))),
+            Ticket(Hold::Half(shared)),
+        )
     }
 
     /// A future that resolves when this ticket's generation is aborted, owned so that a body
     /// can keep it across polls.
     pub fn abort_signal(&self) -> AbortSignal {
         AbortSignal {
-            generation: Arc::clone(&self.0),
+            generation: Arc::clone(self.generation()),
             wait: None,
-        }
-    }
-}
-
-impl Drop for Ticket {
-    fn drop(&mut self) {
-        if self.0.inflight.fetch_sub(1, SeqCst) == 1 && self.0.superseded.load(SeqCst) {
-            self.0.drained.notify_waiters();
         }
     }
 }
@@ -242,14 +270,14 @@ impl Drain {
         g.inflight.fetch_add(1, SeqCst);
         fence(SeqCst);
         if !Arc::ptr_eq(&self.current.load(), &g) {
-            drop(Ticket(g));
+            drop(Counted(g));
             return Entry::Retry;
         }
         if !g.ready.load(SeqCst) {
-            drop(Ticket(Arc::clone(&g)));
+            drop(Counted(Arc::clone(&g)));
             return Entry::NotReady(g);
         }
-        Entry::Entered(Ticket(g))
+        Entry::Entered(Ticket::whole(g))
     }
 
     /// Waits until `generation` is ready (its predecessor drained).
@@ -266,7 +294,7 @@ impl Drain {
         let old = self.current.swap(Arc::clone(&next));
         old.superseded.store(true, SeqCst);
         fence(SeqCst);
-        (Ticket(next), old)
+        (Ticket::whole(next), old)
     }
 
     /// Waits for `old`'s requests for at most `timeout`, aborts the rest, and then makes the
@@ -286,7 +314,7 @@ impl Drain {
                 );
             }
         }
-        let g = &ticket.0;
+        let g = ticket.generation();
         g.ready.store(true, SeqCst);
         g.ready_notify.notify_waiters();
         Drained {
@@ -306,7 +334,7 @@ mod tests {
         let Entry::Entered(a) = d.enter(34) else {
             panic!()
         };
-        let a_body = a.split();
+        let (a, a_body) = a.split();
         let (b, old) = d.install(51);
         assert!(matches!(d.enter(34), Entry::Stale { mark: 51 }));
         let Entry::NotReady(g) = d.enter(51) else {

@@ -13,6 +13,7 @@
 //! - [`marks`]: mark stores that keep high-water marks across restarts.
 //! - [`admission`]: the guard composed with a store (persist before forward).
 //! - [`drain`]: requests in flight per mark, drained (or aborted) before an advance goes on.
+//! - `layer` (feature `layer`): the same admission as a tower layer, in-process.
 //! - [`path`]: request paths in normal form, so routes cannot be bypassed.
 //! - [`host`]: Host headers and authorities in one strict form, for the same reason.
 //! - [`config`]: TOML configuration and its validation.
@@ -41,6 +42,8 @@ pub mod election;
 pub mod error;
 pub mod guard;
 pub mod host;
+#[cfg(feature = "layer")]
+pub mod layer;
 pub mod lock;
 pub mod marks;
 pub mod metrics;

@@ -70,6 +70,27 @@ pub enum Rejection {
     UpstreamTimeout(std::time::Duration),
 }
 
+/// The request's content type if it is gRPC: `application/grpc`, `application/grpc-web` or
+/// `application/grpc-web-text`, alone or followed by `+` (a codec) or `;` (parameters), in any
+/// case. `application/grpcfoo` or `application/grpc-other` are not gRPC. Rejections of gRPC
+/// requests take the trailers-only form, with this content type echoed.
+pub fn grpc_content_type(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    let v = headers.get(header::CONTENT_TYPE)?;
+    let b = v.as_bytes();
+    let prefix = b"application/grpc";
+    if b.len() < prefix.len() || !b[..prefix.len()].eq_ignore_ascii_case(prefix) {
+        return None;
+    }
+    let mut rest = &b[prefix.len()..];
+    for sub in [&b"-web-text"[..], b"-web"] {
+        if rest.len() >= sub.len() && rest[..sub.len()].eq_ignore_ascii_case(sub) {
+            rest = &rest[sub.len()..];
+            break;
+        }
+    }
+    matches!(rest.first(), None | Some(b'+' | b';')).then(|| v.clone())
+}
+
 /// What is known about the request being refused, for the response body and logs.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Context<'a> {

@@ -847,3 +847,75 @@ async fn an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails(
         "the mark advanced before forwarding"
     );
 }
+
+/// The admission table every fence passes (`tests/support/cases.rs`; `tests/layer.rs` runs it
+/// against the in-process layer), through the proxy, over HTTP/1.1 and gRPC.
+#[tokio::test]
+async fn the_proxy_passes_the_admission_table_over_http_and_grpc() {
+    use support::cases::{recording_upstream, seed, Seen, CASES, MARK};
+    for grpc in [false, true] {
+        for case in CASES {
+            let dir = tempfile::tempdir().unwrap();
+            let marks = dir.path().join("m/marks.json");
+            seed(&marks);
+            let seen = Seen::default();
+            let up = recording_upstream(marks.clone(), seen.clone()).await;
+            let text = format!(
+                "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+                 [marks]\nstore = \"file\"\npath = \"{}\"\n[[upstream]]\nname = \"u\"\n\
+                 url = \"http://{up}\"\nprotocol = \"h2c\"\n[[route]]\nname = \"w\"\n\
+                 upstream = \"u\"\npath_prefix = \"/\"\nresource = \"orders\"\n",
+                marks.display()
+            );
+            let proxy = support::proxy(&text, dir.path()).await;
+            // The admin endpoint answers once the marks are loaded.
+            assert_eq!(proxy.marks().await["orders"], MARK);
+            if case.store_down {
+                std::fs::remove_dir_all(dir.path().join("m")).unwrap();
+            }
+            let ok = if grpc {
+                let mut client = support::grpc::EchoClient::connect(proxy.addr).await;
+                let code = match client.say("hi", case.token).await {
+                    Ok(_) => 0,
+                    Err(s) => s.code() as u8,
+                };
+                code == case.grpc
+            } else {
+                let headers: Vec<(&str, &[u8])> = case
+                    .token
+                    .map(|t| ("x-fencing-token", t.as_bytes()))
+                    .into_iter()
+                    .collect();
+                let got = send(
+                    &http1_client(),
+                    Method::POST,
+                    &proxy.url("/orders/7"),
+                    &headers,
+                    b"payload",
+                )
+                .await;
+                if case.http == 409 {
+                    assert_eq!(got.json()["mark"], MARK);
+                }
+                got.status.as_u16() == case.http
+            };
+            assert!(ok, "{} (grpc: {grpc})", case.name);
+            let seen = seen.lock().unwrap().clone();
+            assert_eq!(
+                seen.len(),
+                usize::from(case.reaches),
+                "{}: {seen:?}",
+                case.name
+            );
+            if let (Some(&(token, then)), Some(t)) = (seen.first(), case.token) {
+                let t: u64 = t.parse().unwrap();
+                assert_eq!(token, Some(t), "{}", case.name);
+                if !case.store_down {
+                    assert_eq!(then, t, "{}: durable before forwarding", case.name);
+                }
+            }
+            let m = proxy.marks().await;
+            assert_eq!(m["orders"], case.mark_after, "{}", case.name);
+        }
+    }
+}

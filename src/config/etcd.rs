@@ -298,7 +298,8 @@ mod tests {
             assert_eq!(key, want, "{marks}: {msg}");
         }
         // The table without store = "etcd" is a mistake too.
-        let text = "[proxy]\nlisten = \"127.0.0.1:0\"\n[marks.etcd]\nendpoints = [\"http://h:1\"]\n";
+        let text =
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n[marks.etcd]\nendpoints = [\"http://h:1\"]\n";
         let (_, key, _) = key_of(Config::parse(text, Path::new("p.toml")).unwrap_err());
         assert_eq!(key, "marks.etcd");
     }

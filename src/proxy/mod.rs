@@ -95,7 +95,6 @@ impl Proxy {
                 resource: r.guard.then(|| {
                     admission
                         .resource(&r.resource)
-                        .cloned()
                         .expect("every guarded resource is loaded")
                 }),
                 metrics: metrics.route(&r.name, r.guard.then_some(r.resource.as_str())),
@@ -205,7 +204,10 @@ impl Proxy {
         let upstream = &self.upstreams[route.settings.upstream];
         // The request body and the response each hold a half of the drain ticket: the exchange
         // counts as in flight until both are over.
-        let body_ticket = ticket.as_ref().map(Ticket::split);
+        let (ticket, body_ticket) = match ticket.map(Ticket::split) {
+            Some((response, body)) => (Some(response), Some(body)),
+            None => (None, None),
+        };
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
         let req = prepare(
             req,
@@ -220,50 +222,49 @@ impl Proxy {
                 ticket: body_ticket,
             },
         );
-        let call = upstream.client.request(req);
+        // The pooled client's future is `Unpin` and owns everything: an aborted request can hand
+        // it to a task of its own (see below).
+        let mut pending = upstream.client.request(req);
+        let response_timeout = upstream.settings.response_timeout;
         let call = async {
-            match upstream.settings.response_timeout {
-                Some(limit) => match tokio::time::timeout(limit, call).await {
+            match response_timeout {
+                Some(limit) => match tokio::time::timeout(limit, &mut pending).await {
                     Ok(r) => r.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
                     Err(_) => Err(Rejection::UpstreamTimeout(limit)),
                 },
-                None => call
+                None => (&mut pending)
                     .await
                     .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
             }
         };
-        // A newer owner's drain that runs out of time aborts this request: the response future
-        // is dropped (the upstream connection or stream with it) and the client gets 409.
+        // A newer owner's drain that runs out of time aborts this request and the client gets
+        // 409. The abort is polled first: it also fails the request body, which can end `call`
+        // with an upstream error in the same wake-up, and that must not turn the 409 into a 502.
         let result = match &aborted {
             None => call.await,
-            Some(generation) => tokio::select! {
-                r = call => r,
-                () = generation.aborted() => {
-                    let resource = route.resource.as_deref();
-                    if let Some(c) = &route.metrics.stale {
-                        c.inc();
+            Some(generation) => {
+                let answered = tokio::select! {
+                    biased;
+                    () = generation.aborted() => None,
+                    r = call => Some(r),
+                };
+                match answered {
+                    Some(r) => r,
+                    None => {
+                        // The request body fails at its next poll, which resets the upstream
+                        // HTTP/2 stream with INTERNAL_ERROR (HTTP/1.1: closes the connection
+                        // mid-body). Dropping the response future before that would make hyper
+                        // reset the stream with CANCEL instead, which a tonic server takes for
+                        // the clean end of a client stream: the upstream would apply a partial
+                        // write. So the future lives on in its own task until the body has
+                        // failed (the call then ends), for at most the abort grace.
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(crate::drain::ABORT_GRACE, pending).await;
+                        });
+                        return self.aborted(route, token, grpc, peer, started);
                     }
-                    m.count(Outcome::Stale);
-                    m.duration.observe(started.elapsed().as_secs_f64());
-                    let stale = Rejection::Stale {
-                        token: token.unwrap_or_default(),
-                        mark: resource.map_or(0, Resource::mark),
-                    };
-                    tracing::info!(
-                        route = %route.settings.name,
-                        resource = resource.map(Resource::name),
-                        token,
-                        peer = %peer,
-                        "in-flight request aborted by a newer owner's drain"
-                    );
-                    let ctx = Context {
-                        route: Some(&route.settings.name),
-                        resource: resource.map(Resource::name),
-                        token,
-                    };
-                    return stale.respond(ctx, grpc.as_ref()).map(Either::Right);
                 }
-            },
+            }
         };
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
@@ -297,6 +298,41 @@ impl Proxy {
                 rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
             }
         }
+    }
+
+    /// Answers a request that a newer owner's drain aborted before its response started.
+    fn aborted(
+        &self,
+        route: &Route,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        let m = &route.metrics;
+        let resource = route.resource.as_deref();
+        if let Some(c) = &m.stale {
+            c.inc();
+        }
+        m.count(Outcome::Stale);
+        m.duration.observe(started.elapsed().as_secs_f64());
+        let stale = Rejection::Stale {
+            token: token.unwrap_or_default(),
+            mark: resource.map_or(0, Resource::mark),
+        };
+        tracing::info!(
+            route = %route.settings.name,
+            resource = resource.map(Resource::name),
+            token,
+            peer = %peer,
+            "in-flight request aborted by a newer owner's drain"
+        );
+        let ctx = Context {
+            route: Some(&route.settings.name),
+            resource: resource.map(Resource::name),
+            token,
+        };
+        stale.respond(ctx, grpc.as_ref()).map(Either::Right)
     }
 
     /// Refuses a request that matched `route`: logged, counted, answered from the table.

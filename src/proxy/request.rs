@@ -1,31 +1,13 @@
 //! What the proxy reads from a client's request before routing it: its host, whether it is
 //! gRPC, whether it carries a body, and header spellings that would smuggle a second token.
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 use http::{Method, Request, Version};
 use http_body::Body;
 
 use crate::host::{self, HostPort};
 
-/// The request's content type if it is gRPC: `application/grpc`, `application/grpc-web` or
-/// `application/grpc-web-text`, alone or followed by `+` (a codec) or `;` (parameters), in any
-/// case. `application/grpcfoo` or `application/grpc-other` are not gRPC.
-pub(super) fn grpc_content_type(headers: &HeaderMap) -> Option<HeaderValue> {
-    let v = headers.get(header::CONTENT_TYPE)?;
-    let b = v.as_bytes();
-    let prefix = b"application/grpc";
-    if b.len() < prefix.len() || !b[..prefix.len()].eq_ignore_ascii_case(prefix) {
-        return None;
-    }
-    let mut rest = &b[prefix.len()..];
-    for sub in [&b"-web-text"[..], b"-web"] {
-        if rest.len() >= sub.len() && rest[..sub.len()].eq_ignore_ascii_case(sub) {
-            rest = &rest[sub.len()..];
-            break;
-        }
-    }
-    matches!(rest.first(), None | Some(b'+' | b';')).then(|| v.clone())
-}
+pub(super) use crate::reject::grpc_content_type;
 
 /// The host the request is for, validated (see [`crate::host`]).
 ///
@@ -103,6 +85,7 @@ pub(super) fn token_alias<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     #[test]
     fn grpc_content_types() {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod cases;
 pub mod grpc;
 
 use std::convert::Infallible;

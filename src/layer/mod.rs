@@ -1,0 +1,251 @@
+//! The guard in-process: a tower layer for services that can be changed (hyper, axum, tonic).
+//!
+//! [`FenceLayer`] wraps any `Service<http::Request<B>>` with exactly the proxy's admission:
+//! the same token parsing ([`crate::token`]), the same [`Admission`] (guard, mark store,
+//! persist before the inner service runs, drain of older requests), and the same rejection
+//! table ([`Rejection`]: 409/400/428/503 and their trailers-only gRPC forms). A request the
+//! layer admits reaches the inner service with its [`FencingToken`] in the request's
+//! extensions, so the handler can store it next to its data.
+//!
+//! For gRPC, put the layer on the tonic server (`Server::builder().layer(..)`): tonic's
+//! `Interceptor` is synchronous and cannot wait for a mark to be persisted, the layer can.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use palisade::layer::FenceLayer;
+//! use palisade::{admission::Admission, marks::FileStore, metrics::Metrics};
+//!
+//! let metrics = Metrics::new(prometheus::Registry::new())?;
+//! let store = Arc::new(FileStore::open("data/marks.json")?);
+//! let admission = Arc::new(Admission::open(store, ["orders"], &metrics).await?);
+//! let layer = FenceLayer::new(admission, "orders");
+//! // axum: Router::new().route(..).layer(layer); tonic: Server::builder().layer(layer)
+//! # Ok(()) }
+//! ```
+
+mod body;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderName, Request, Response};
+use http_body::Body;
+
+pub use body::{Aborted, BoxError, FenceRequestBody, FenceResponseBody};
+
+use crate::admission::{Admission, Refused, Resource};
+use crate::config::MissingToken;
+use crate::reject::{Context as RejectContext, Rejection};
+use crate::token::{self, FencingToken};
+
+/// Picks a request's resource from its head.
+type ResourceFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
+
+/// Which resource a request is for.
+#[derive(Clone)]
+enum Which {
+    /// One resource for every request.
+    Fixed(Arc<str>),
+    /// Chosen per request (e.g. from the path); `None` lets the request through unguarded.
+    Derived(Arc<ResourceFn>),
+}
+
+#[derive(Clone)]
+struct Settings {
+    admission: Arc<Admission>,
+    header: HeaderName,
+    which: Which,
+    missing: MissingToken,
+    drain_timeout: Duration,
+}
+
+/// Fences the wrapped service (see the module docs).
+#[derive(Clone)]
+pub struct FenceLayer {
+    settings: Arc<Settings>,
+}
+
+impl std::fmt::Debug for FenceLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FenceLayer")
+            .field("header", &self.settings.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FenceLayer {
+    /// Guards every request with the mark of `resource`; tokens in `x-fencing-token`, a
+    /// missing token refused (428), older requests drained for at most 2 s on an advance.
+    pub fn new(admission: Arc<Admission>, resource: impl Into<Arc<str>>) -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                admission,
+                header: HeaderName::from_static(token::DEFAULT_HEADER),
+                which: Which::Fixed(resource.into()),
+                missing: MissingToken::Reject,
+                drain_timeout: Duration::from_secs(2),
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut Settings)) -> Self {
+        f(Arc::make_mut(&mut self.settings));
+        self
+    }
+
+    /// Chooses the resource per request (`None`: the request is not guarded). A resource
+    /// seen for the first time has its mark loaded from the store.
+    pub fn with_resource_fn(
+        self,
+        f: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|s| s.which = Which::Derived(Arc::new(f)))
+    }
+
+    /// The header (and gRPC metadata key) carrying the token.
+    pub fn with_header(self, header: HeaderName) -> Self {
+        self.with(|s| s.header = header)
+    }
+
+    /// What to do with a request without a token (default: refuse with 428).
+    pub fn with_missing_token(self, missing: MissingToken) -> Self {
+        self.with(|s| s.missing = missing)
+    }
+
+    /// How long an advance waits for requests under older marks before aborting them.
+    pub fn with_drain_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.drain_timeout = timeout)
+    }
+}
+
+impl<S> tower_layer::Layer<S> for FenceLayer {
+    type Service = Fence<S>;
+
+    fn layer(&self, inner: S) -> Fence<S> {
+        Fence {
+            inner,
+            settings: Arc::clone(&self.settings),
+        }
+    }
+}
+
+/// A service behind the fence (made by [`FenceLayer`]).
+#[derive(Clone)]
+pub struct Fence<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S> std::fmt::Debug for Fence<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fence").finish_non_exhaustive()
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S, B, RB> tower_service::Service<Request<B>> for Fence<S>
+where
+    S: tower_service::Service<Request<FenceRequestBody<B>>, Response = Response<RB>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    RB: Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<FenceResponseBody<RB>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The service that was polled ready handles this request; a fresh clone takes its
+        // place (tower's usual pattern).
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let settings = Arc::clone(&self.settings);
+        Box::pin(async move {
+            let (mut parts, body) = req.into_parts();
+            let grpc = crate::reject::grpc_content_type(&parts.headers);
+            match admit(&settings, &parts).await {
+                Ok(None) => {
+                    let req = Request::from_parts(parts, FenceRequestBody::new(body, None));
+                    let resp = inner.call(req).await?;
+                    Ok(resp.map(|b| FenceResponseBody::inner(b, None)))
+                }
+                Ok(Some((token, ticket))) => {
+                    parts.extensions.insert(token);
+                    let (for_body, for_response) = ticket.split();
+                    let req =
+                        Request::from_parts(parts, FenceRequestBody::new(body, Some(for_body)));
+                    let resp = inner.call(req).await?;
+                    Ok(resp.map(|b| FenceResponseBody::inner(b, Some(for_response))))
+                }
+                Err((rejection, resource, token)) => {
+                    let ctx = RejectContext {
+                        route: None,
+                        resource: resource.as_deref().map(Resource::name),
+                        token,
+                    };
+                    Ok(rejection
+                        .respond(ctx, grpc.as_ref())
+                        .map(FenceResponseBody::rejected))
+                }
+            }
+        })
+    }
+}
+
+type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
+
+/// The proxy's admission, in-process: `Ok(None)` for an unguarded or token-less allowed
+/// request, the token and its drain ticket when admitted.
+async fn admit(
+    s: &Settings,
+    parts: &http::request::Parts,
+) -> Result<Option<(FencingToken, crate::drain::Ticket)>, Refusal> {
+    let name: Arc<str> = match &s.which {
+        Which::Fixed(n) => Arc::clone(n),
+        Which::Derived(f) => match f(parts) {
+            Some(n) => n.into(),
+            None => return Ok(None),
+        },
+    };
+    let token = match token::from_headers(&parts.headers, &s.header) {
+        Ok(Some(t)) => t,
+        Ok(None) if s.missing == MissingToken::Allow => return Ok(None),
+        Ok(None) => return Err((Rejection::MissingToken, None, None)),
+        Err(e) => return Err((Rejection::MalformedToken(e), None, None)),
+    };
+    let resource = s
+        .admission
+        .resource_or_open(&name)
+        .await
+        .map_err(|_| (Rejection::StoreUnavailable, None, Some(token.get())))?;
+    match s.admission.admit(&resource, token, s.drain_timeout).await {
+        Ok((_, ticket)) => Ok(Some((token, ticket))),
+        Err(Refused::Stale { mark, .. }) => Err((
+            Rejection::Stale {
+                token: token.get(),
+                mark,
+            },
+            Some(resource),
+            Some(token.get()),
+        )),
+        Err(Refused::Unavailable { .. }) => Err((
+            Rejection::StoreUnavailable,
+            Some(resource),
+            Some(token.get()),
+        )),
+    }
+}

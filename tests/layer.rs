@@ -1,0 +1,221 @@
+//! The guard in-process: `FenceLayer` on an axum app (driven with `oneshot`) and on a gRPC
+//! service served over loopback, against the same admission table as the proxy
+//! (`tests/support/cases.rs`).
+
+mod support;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::routing::post;
+use axum::Router;
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use palisade::admission::Admission;
+use palisade::layer::FenceLayer;
+use palisade::marks::FileStore;
+use palisade::metrics::Metrics;
+use palisade::FencingToken;
+use support::cases::{seed, stored, Case, Seen, CASES, MARK};
+use support::grpc::{EchoClient, Msg, SAY};
+use tower::{Layer, ServiceExt};
+
+struct Env {
+    dir: tempfile::TempDir,
+    marks: PathBuf,
+    admission: Arc<Admission>,
+    seen: Seen,
+}
+
+async fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("m/marks.json");
+    seed(&marks);
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let store = Arc::new(FileStore::open(&marks).unwrap());
+    let admission = Arc::new(Admission::open(store, ["orders"], &metrics).await.unwrap());
+    Env {
+        dir,
+        marks,
+        admission,
+        seen: Seen::default(),
+    }
+}
+
+impl Env {
+    fn store_down(&self) {
+        std::fs::remove_dir_all(self.dir.path().join("m")).unwrap();
+    }
+
+    fn check(&self, case: &Case, status_ok: bool) {
+        let seen = self.seen.lock().unwrap().clone();
+        assert!(status_ok, "{}", case.name);
+        assert_eq!(
+            seen.len(),
+            usize::from(case.reaches),
+            "{}: {seen:?}",
+            case.name
+        );
+        if let (Some(&(token, stored_then)), Some(t)) = (seen.first(), case.token) {
+            let t: u64 = t.parse().unwrap();
+            assert_eq!(
+                token,
+                Some(t),
+                "{}: the token is in the extensions",
+                case.name
+            );
+            if !case.store_down {
+                assert_eq!(
+                    stored_then, t,
+                    "{}: durable before the service ran",
+                    case.name
+                );
+            }
+        }
+        let mark = self.admission.resource("orders").unwrap().mark();
+        assert_eq!(mark, case.mark_after, "{}", case.name);
+    }
+}
+
+#[tokio::test]
+async fn the_layer_passes_the_admission_table_over_http() {
+    for case in CASES {
+        let e = env().await;
+        let (seen, marks) = (e.seen.clone(), e.marks.clone());
+        let app = Router::new()
+            .route(
+                "/orders/{id}",
+                post(move |req: Request<axum::body::Body>| {
+                    let (seen, marks) = (seen.clone(), marks.clone());
+                    async move {
+                        let token = req.extensions().get::<FencingToken>().map(|t| t.get());
+                        seen.lock().unwrap().push((token, stored(&marks)));
+                        "written"
+                    }
+                }),
+            )
+            .layer(FenceLayer::new(Arc::clone(&e.admission), "orders"));
+        if case.store_down {
+            e.store_down();
+        }
+        let mut req = Request::post("/orders/7");
+        if let Some(t) = case.token {
+            req = req.header("x-fencing-token", t);
+        }
+        let resp = app
+            .oneshot(req.body(axum::body::Body::from("payload")).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        if case.http == 409 {
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(v["error"], "stale_token");
+            assert_eq!(v["mark"], MARK);
+        }
+        e.check(case, status == StatusCode::from_u16(case.http).unwrap());
+    }
+}
+
+/// A unary `test.Echo/Say` behind the fence, served by palisade's own server over h2c.
+async fn grpc_server(e: &Env) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let layer = FenceLayer::new(Arc::clone(&e.admission), "orders");
+    let (seen, marks) = (e.seen.clone(), e.marks.clone());
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |req: Request<hyper::body::Incoming>, _| {
+            let inner = tower::service_fn({
+                let (seen, marks) = (seen.clone(), marks.clone());
+                move |req: Request<palisade::layer::FenceRequestBody<hyper::body::Incoming>>| {
+                    let (seen, marks) = (seen.clone(), marks.clone());
+                    async move {
+                        let token = req.extensions().get::<FencingToken>().map(|t| t.get());
+                        let req = req.map(tonic::body::Body::new);
+                        let mut grpc = tonic::server::Grpc::new(
+                            tonic_prost::ProstCodec::<Msg, Msg>::default(),
+                        );
+                        let say = Say(seen, marks, token);
+                        Ok::<_, std::convert::Infallible>(grpc.unary(say, req).await)
+                    }
+                }
+            });
+            let svc = layer.layer(inner);
+            async move { svc.oneshot(req).await.unwrap() }
+        },
+        std::future::pending::<()>(),
+        Duration::from_secs(1),
+    ));
+    addr
+}
+
+struct Say(Seen, PathBuf, Option<u64>);
+
+impl tonic::server::UnaryService<Msg> for Say {
+    type Response = Msg;
+    type Future = Pin<Box<dyn Future<Output = Result<tonic::Response<Msg>, tonic::Status>> + Send>>;
+
+    fn call(&mut self, req: tonic::Request<Msg>) -> Self::Future {
+        self.0.lock().unwrap().push((self.2, stored(&self.1)));
+        let m = req.into_inner();
+        Box::pin(async move { Ok(tonic::Response::new(m)) })
+    }
+}
+
+#[tokio::test]
+async fn the_layer_passes_the_admission_table_over_grpc() {
+    assert_eq!(SAY, "/test.Echo/Say");
+    for case in CASES {
+        let e = env().await;
+        let addr = grpc_server(&e).await;
+        if case.store_down {
+            e.store_down();
+        }
+        let mut client = EchoClient::connect(addr).await;
+        let got = client.say("hi", case.token).await;
+        let code = match &got {
+            Ok(_) => 0,
+            Err(status) => status.code() as u8,
+        };
+        e.check(case, code == case.grpc);
+    }
+}
+
+#[tokio::test]
+async fn a_derived_resource_loads_its_mark_and_unguarded_requests_pass() {
+    let e = env().await;
+    let layer = FenceLayer::new(Arc::clone(&e.admission), "unused").with_resource_fn(|parts| {
+        parts
+            .uri
+            .path()
+            .strip_prefix("/r/")
+            .map(|rest| rest.split('/').next().unwrap_or_default().to_owned())
+    });
+    let svc = layer.layer(tower::service_fn(
+        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+        },
+    ));
+    let send = |path: &str, token: Option<&str>| {
+        let mut req = Request::post(path.to_owned());
+        if let Some(t) = token {
+            req = req.header("x-fencing-token", t);
+        }
+        svc.clone()
+            .oneshot(req.body(Full::new(Bytes::new())).unwrap())
+    };
+    // "orders" is known to the store with mark 51: reached through the derived name.
+    assert_eq!(send("/r/orders/1", Some("34")).await.unwrap().status(), 409);
+    assert_eq!(send("/r/orders/1", Some("51")).await.unwrap().status(), 200);
+    // A resource seen for the first time starts from its stored mark (none: 0).
+    assert_eq!(send("/r/fresh/1", Some("5")).await.unwrap().status(), 200);
+    assert_eq!(send("/r/fresh/1", Some("4")).await.unwrap().status(), 409);
+    assert_eq!(e.admission.marks().get("fresh"), Some(&5));
+    // No resource for this path: not guarded, no token needed.
+    assert_eq!(send("/health", None).await.unwrap().status(), 200);
+}
