@@ -64,6 +64,10 @@ pub use config::Config;
 pub use election::{ElectionService, LeaderKey, Leadership, Observation, Term};
 pub use error::Error;
 pub use guard::{Verdict, Watermark};
+#[cfg(feature = "layer")]
+pub use layer::FenceLayer;
+pub use marks::{FileStore, MarkStore, MemoryStore};
+pub use metrics::Metrics;
 pub use lock::{LockGrant, LockService};
 pub use provider::memory::MemoryProvider;
 pub use provider::Provider;

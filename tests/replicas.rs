@@ -1,14 +1,33 @@
 //! Several palisade replicas sharing their marks through etcd (the `etcd` mark store): real
 //! etcd processes, real `palisade` processes, a real upstream.
+//!
+//! The tests of issue 8's "Must show" 1-5 run one at a time (see [`SERIAL`]): they measure
+//! latencies and windows that two tests sharing two cores would distort.
 
 mod support;
 
 #[path = "support/etcd.rs"]
 mod etcd;
 
+use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use support::{post, spawn_proxy, write, ProxyProcess};
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use support::{get, http1_client, metric, post, spawn_proxy, write, ProxyProcess, TestClient};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// The etcd request timeout of every replica ([`replica_config`]).
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// Tests that measure time take this first, so that they never share the two cores.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A replica's config: `store = "etcd"` on `endpoints`, one guarded route per resource in
 /// `resources` (`/<resource>/...`), and an unguarded `/open/` route.
@@ -32,7 +51,7 @@ store = "etcd"
 endpoints = [{}]
 prefix = "{prefix}"
 consistency = "{consistency}"
-request_timeout_ms = 1000
+request_timeout_ms = {}
 dial_timeout_ms = 2000
 [[upstream]]
 name = "up"
@@ -43,7 +62,8 @@ upstream = "up"
 path_prefix = "/open/"
 guard = false
 "#,
-        endpoints.join(", ")
+        endpoints.join(", "),
+        REQUEST_TIMEOUT.as_millis(),
     );
     for r in resources {
         text.push_str(&format!(
@@ -58,8 +78,151 @@ fn spawn_replica(dir: &Path, name: &str, text: &str) -> ProxyProcess {
     spawn_proxy(&path).unwrap_or_else(|(code, log)| panic!("{name} exited {code:?}: {log}"))
 }
 
+fn names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// xorshift64: deterministic randomness without a crate.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Self(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// One request as the upstream saw it, stamped on arrival.
+#[derive(Debug, Clone)]
+struct Arrival {
+    at: Instant,
+    path: String,
+    token: Option<u64>,
+}
+
+/// An upstream that records `(arrival instant, path, token)` of every request and answers 200.
+struct Recorder {
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<Arrival>>>,
+    _stop: oneshot::Sender<()>,
+}
+
+impl Recorder {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let log: Arc<Mutex<Vec<Arrival>>> = Arc::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let l = Arc::clone(&log);
+        tokio::spawn(palisade::server::serve(
+            listener,
+            move |req: Request<Incoming>, _peer| {
+                let log = Arc::clone(&l);
+                async move {
+                    let at = Instant::now();
+                    let token = req
+                        .headers()
+                        .get("x-fencing-token")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse().ok());
+                    let path = req.uri().path().to_owned();
+                    log.lock().unwrap().push(Arrival { at, path, token });
+                    let _ = req.into_body().collect().await;
+                    Response::new(Full::new(Bytes::from_static(b"ok")))
+                }
+            },
+            async move {
+                let _ = stopped.await;
+            },
+            Duration::from_secs(1),
+        ));
+        Self {
+            addr,
+            log,
+            _stop: stop,
+        }
+    }
+
+    fn all(&self) -> Vec<Arrival> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Arrivals whose path starts with `prefix`.
+    fn count(&self, prefix: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|a| a.path.starts_with(prefix))
+            .count()
+    }
+}
+
+/// A finished request: HTTP status (0: no response, the connection failed), when its
+/// response head arrived, and how long it took from send.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    status: u16,
+    sent: Instant,
+    done: Instant,
+}
+
+impl Answer {
+    fn took(&self) -> Duration {
+        self.done - self.sent
+    }
+}
+
+/// POSTs to `url` with `token`, on a keep-alive client; never panics on a transport error.
+async fn call(client: &TestClient, url: &str, token: Option<u64>) -> Answer {
+    let mut req = Request::builder().method(Method::POST).uri(url);
+    if let Some(t) = token {
+        req = req.header("x-fencing-token", t.to_string());
+    }
+    let req = req.body(Full::new(Bytes::from_static(b"payload"))).unwrap();
+    let sent = Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req)).await;
+    let done = Instant::now();
+    let status = match resp {
+        Ok(Ok(r)) => {
+            let s = r.status().as_u16();
+            let _ = tokio::time::timeout(Duration::from_secs(10), r.into_body().collect()).await;
+            s
+        }
+        _ => 0,
+    };
+    Answer { status, sent, done }
+}
+
+/// The value of a `{op=...,store="etcd"}` series of `name` in a replica's `/metrics`.
+async fn store_metric(admin: SocketAddr, name: &str, op: &str) -> f64 {
+    let text = get(&format!("http://{admin}/metrics")).await.text();
+    let series = format!("{name}{{op=\"{op}\",store=\"etcd\"}}");
+    metric(&text, &series).unwrap_or(0.0)
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    let i = (sorted.len() * p).div_ceil(100).max(1) - 1;
+    sorted[i]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_marks_and_a_restarted_replica_keeps_them() {
+    let _serial = SERIAL.lock().await;
     let etcd = etcd::Etcd::single().await;
     let up = support::upstream().await;
     let dir = tempfile::tempdir().unwrap();
@@ -103,4 +266,670 @@ async fn replicas_share_marks_and_a_restarted_replica_keeps_them() {
         let got = c.get(format!("{prefix}orders"), None).await.unwrap();
         assert_eq!(got.kvs()[0].value(), &51u64.to_be_bytes());
     }
+}
+
+/// Must show 1: owner B (51) through one replica, then zombie A (34) through a random
+/// replica gets 409 at once, 200 times on fresh resources, with A sometimes writing first
+/// (as the old owner it was). The upstream's log holds no 34 after a resource's 51.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_linearizable_replicas_never_admit_a_zombie() {
+    const TRIALS: usize = 200;
+    let _serial = SERIAL.lock().await;
+    let etcd = etcd::Etcd::cluster().await;
+    let up = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let resources = names("r", TRIALS);
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/zombie/",
+        "linearizable",
+        &resources,
+    );
+    let replicas = [
+        spawn_replica(dir.path(), "r1.toml", &text),
+        spawn_replica(dir.path(), "r2.toml", &text),
+    ];
+    let client = http1_client();
+    let mut rng = Rng::new(8);
+    let mut zombie_latency = Vec::new();
+    let mut a_first = 0;
+    for (i, r) in resources.iter().enumerate() {
+        let b = &replicas[rng.below(2) as usize];
+        let a = &replicas[rng.below(2) as usize];
+        let url = |p: &ProxyProcess| format!("http://{}/{r}/write", p.addr);
+        if rng.below(2) == 0 {
+            // The old owner writes while it still owns the resource.
+            a_first += 1;
+            let first = &replicas[rng.below(2) as usize];
+            assert_eq!(call(&client, &url(first), Some(34)).await.status, 200);
+        }
+        assert_eq!(
+            call(&client, &url(b), Some(51)).await.status,
+            200,
+            "trial {i}: B"
+        );
+        // No waiting: the zombie's very first request is refused, whichever replica.
+        let z = call(&client, &url(a), Some(34)).await;
+        assert_eq!(z.status, 409, "trial {i}: zombie A through another replica");
+        zombie_latency.push(z.took());
+    }
+    let log = up.all();
+    let mut stale_admissions = 0;
+    for r in &resources {
+        let tokens: Vec<u64> = log
+            .iter()
+            .filter(|a| a.path.starts_with(&format!("/{r}/")))
+            .filter_map(|a| a.token)
+            .collect();
+        let b = tokens.iter().position(|t| *t == 51);
+        assert!(
+            b.is_some(),
+            "{r}: B's write reached the upstream: {tokens:?}"
+        );
+        stale_admissions += tokens[b.unwrap()..].iter().filter(|t| **t == 34).count();
+        assert_eq!(tokens.iter().filter(|t| **t == 51).count(), 1, "{r}");
+    }
+    assert_eq!(stale_admissions, 0, "zombie writes reached the upstream");
+    // Linearizable mode confirmed against etcd: at least one read per zombie.
+    let confirms = store_metric(
+        replicas[0].admin.unwrap(),
+        "palisade_store_operation_duration_seconds_count",
+        "confirm",
+    )
+    .await
+        + store_metric(
+            replicas[1].admin.unwrap(),
+            "palisade_store_operation_duration_seconds_count",
+            "confirm",
+        )
+        .await;
+    assert!(confirms >= TRIALS as f64, "{confirms} confirmation reads");
+    zombie_latency.sort();
+    eprintln!(
+        "must show 1: {TRIALS} trials ({a_first} with A writing first), {stale_admissions} stale \
+         admissions; zombie 409 latency median {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms(percentile(&zombie_latency, 50)),
+        ms(percentile(&zombie_latency, 99)),
+        ms(*zombie_latency.last().unwrap()),
+    );
+}
+
+/// One request of the race of must show 2.
+#[derive(Debug, Clone, Copy)]
+struct Raced {
+    token: u64,
+    answer: Answer,
+}
+
+/// Must show 2: clients race interleaved, mostly increasing tokens through two linearizable
+/// replicas for 10 s. The final etcd mark is the highest admitted token, and the upstream
+/// never got a token below one that had been acknowledged before that request was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_advances_through_two_replicas_keep_the_mark_monotonic() {
+    const CLIENTS: u64 = 6;
+    const RUN: Duration = Duration::from_secs(10);
+    let _serial = SERIAL.lock().await;
+    let etcd = etcd::Etcd::cluster().await;
+    let up = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/race/",
+        "linearizable",
+        &["race".to_owned()],
+    );
+    let replicas = [
+        spawn_replica(dir.path(), "r1.toml", &text),
+        spawn_replica(dir.path(), "r2.toml", &text),
+    ];
+    let bases: Arc<[String; 2]> = Arc::new([
+        format!("http://{}/race/", replicas[0].addr),
+        format!("http://{}/race/", replicas[1].addr),
+    ]);
+    // Request ids index `sent`: every request's token and send instant, set before it is sent.
+    let counter = Arc::new(AtomicU64::new(100));
+    let next_id = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let (bases, counter, next_id) = (bases.clone(), counter.clone(), next_id.clone());
+        tasks.push(tokio::spawn(async move {
+            let client = http1_client();
+            let mut rng = Rng::new(100 + c);
+            let mut done: Vec<(u64, Raced)> = Vec::new();
+            while Instant::now() < deadline {
+                // Mostly increasing: the shared counter, sometimes a little below it.
+                let top = counter.fetch_add(1, SeqCst);
+                let token = top - rng.below(8).saturating_sub(3);
+                let id = next_id.fetch_add(1, SeqCst);
+                let url = format!("{}{id}", bases[rng.below(2) as usize]);
+                let answer = call(&client, &url, Some(token)).await;
+                done.push((id, Raced { token, answer }));
+            }
+            done
+        }));
+    }
+    let mut requests: Vec<Option<Raced>> = vec![None; 0];
+    for t in tasks {
+        for (id, r) in t.await.unwrap() {
+            let id = id as usize;
+            if requests.len() <= id {
+                requests.resize(id + 1, None);
+            }
+            requests[id] = Some(r);
+        }
+    }
+    let requests: Vec<Raced> = requests.into_iter().map(Option::unwrap).collect();
+    let count = |s: u16| requests.iter().filter(|r| r.answer.status == s).count();
+    let (ok, stale) = (count(200), count(409));
+    let other = requests.len() - ok - stale;
+
+    // The final mark in etcd is the highest token any client saw admitted.
+    let highest_ok = requests
+        .iter()
+        .filter(|r| r.answer.status == 200)
+        .map(|r| r.token)
+        .max()
+        .unwrap();
+    let mut c = etcd.client().await;
+    let got = c.get("/race/race", None).await.unwrap();
+    let stored = u64::from_be_bytes(got.kvs()[0].value().try_into().unwrap());
+    assert_eq!(
+        stored, highest_ok,
+        "the etcd mark is the highest admitted token"
+    );
+
+    // acked[i] = (ack instant, highest token acknowledged so far), in ack order.
+    let mut acked: Vec<(Instant, u64)> = requests
+        .iter()
+        .filter(|r| r.answer.status == 200)
+        .map(|r| (r.answer.done, r.token))
+        .collect();
+    acked.sort();
+    let mut high = 0;
+    for a in &mut acked {
+        high = high.max(a.1);
+        a.1 = high;
+    }
+    let durable_before = |at: Instant| {
+        let n = acked.partition_point(|a| a.0 < at);
+        if n == 0 {
+            0
+        } else {
+            acked[n - 1].1
+        }
+    };
+    let arrivals = up.all();
+    let mut violations = Vec::new();
+    let mut overtaken = 0;
+    for a in &arrivals {
+        let id: usize = a.path.trim_start_matches("/race/").parse().unwrap();
+        let r = &requests[id];
+        assert_eq!(a.token, Some(r.token));
+        let durable = durable_before(r.answer.sent);
+        if r.token < durable {
+            violations.push((id, r.token, durable));
+        }
+        // Allowed: admitted before a higher token was acknowledged, forwarded after.
+        if r.token < durable_before(a.at) {
+            overtaken += 1;
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "{} tokens reached the upstream below a mark acknowledged before they were sent, \
+         e.g. (id, token, acknowledged mark) {:?}",
+        violations.len(),
+        &violations[..violations.len().min(10)]
+    );
+    assert!(ok > 100 && stale > 100, "ok {ok}, stale {stale}");
+
+    let mut confirms = 0.0;
+    let mut persists = 0.0;
+    for r in &replicas {
+        let admin = r.admin.unwrap();
+        let name = "palisade_store_operation_duration_seconds_count";
+        confirms += store_metric(admin, name, "confirm").await;
+        persists += store_metric(admin, name, "persist").await;
+    }
+    eprintln!(
+        "must show 2: {} requests in {RUN:?} from {CLIENTS} clients ({ok} admitted, {stale} \
+         stale, {other} other), {} reached the upstream, 0 below a mark acknowledged before they \
+         were sent ({overtaken} admitted before, forwarded after a higher ack); final \
+         mark {stored} = highest admitted; etcd round trips: {confirms} confirm + {persists} \
+         persist ({:.2} per request)",
+        requests.len(),
+        arrivals.len(),
+        (confirms + persists) / requests.len() as f64,
+    );
+}
+
+/// Guarded and open traffic against one replica until `stop`: every request's answer.
+fn traffic(
+    base: String,
+    resource: &'static str,
+    advance_every: u64,
+    token: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<Answer>> {
+    tokio::spawn(async move {
+        let client = http1_client();
+        let mut answers = Vec::new();
+        let mut n = 0u64;
+        while !stop.load(SeqCst) {
+            n += 1;
+            // Some requests advance, the others confirm an equal token.
+            let t = if n % advance_every == 0 {
+                token.fetch_add(1, SeqCst) + 1
+            } else {
+                token.load(SeqCst)
+            };
+            let answer = call(&client, &format!("{base}/{resource}/w"), Some(t)).await;
+            answers.push(answer);
+        }
+        answers
+    })
+}
+
+fn open_traffic(base: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<Answer>> {
+    tokio::spawn(async move {
+        let client = http1_client();
+        let mut answers = Vec::new();
+        while !stop.load(SeqCst) {
+            answers.push(call(&client, &format!("{base}/open/x"), None).await);
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        answers
+    })
+}
+
+/// Lets `run` go for `d` (the test's clock, not a synchronisation).
+async fn run_for<T>(
+    d: Duration,
+    stop: &AtomicBool,
+    tasks: Vec<tokio::task::JoinHandle<T>>,
+) -> Vec<T> {
+    tokio::time::sleep(d).await;
+    stop.store(true, SeqCst);
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+async fn readyz(admin: SocketAddr) -> (u16, Duration) {
+    let started = Instant::now();
+    let r = get(&format!("http://{admin}/readyz")).await;
+    (r.status.as_u16(), started.elapsed())
+}
+
+/// Must show 3: losing the leader costs at most one request timeout; losing quorum fails
+/// closed within the timeout (503, nothing forwarded, `/readyz` 503); restarting the members
+/// brings both replicas back by themselves. Unguarded routes never notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_etcd_members_fails_closed_and_recovers() {
+    let margin = Duration::from_millis(500);
+    let _serial = SERIAL.lock().await;
+    let mut etcd = etcd::Etcd::cluster().await;
+    let up = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let resources = vec!["g1".to_owned(), "g2".to_owned()];
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/quorum/",
+        "linearizable",
+        &resources,
+    );
+    let replicas = [
+        spawn_replica(dir.path(), "r1.toml", &text),
+        spawn_replica(dir.path(), "r2.toml", &text),
+    ];
+    let bases: Vec<String> = replicas
+        .iter()
+        .map(|r| format!("http://{}", r.addr))
+        .collect();
+    let admins: Vec<SocketAddr> = replicas.iter().map(|r| r.admin.unwrap()).collect();
+    // Each replica advances its own resource, so that no 409 can come from the other.
+    let tokens = [Arc::new(AtomicU64::new(1)), Arc::new(AtomicU64::new(1))];
+    let res = ["g1", "g2"];
+    let guarded = |every: u64, stop: &Arc<AtomicBool>| -> Vec<tokio::task::JoinHandle<_>> {
+        (0..2)
+            .map(|i| {
+                let (base, token) = (bases[i].clone(), tokens[i].clone());
+                traffic(base, res[i], every, token, stop.clone())
+            })
+            .collect()
+    };
+    let open_stop = Arc::new(AtomicBool::new(false));
+    let open: Vec<_> = bases
+        .iter()
+        .map(|b| open_traffic(b.clone(), open_stop.clone()))
+        .collect();
+    for a in &admins {
+        assert_eq!(readyz(*a).await.0, 200);
+    }
+
+    // Phase 1: the leader dies under load.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let leader = loop {
+        if let Some(l) = etcd.leader().await {
+            break l;
+        }
+        assert!(Instant::now() < deadline, "no etcd leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = guarded(10, &stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    etcd.stop_node(leader);
+    let killed = Instant::now();
+    let phase1 = run_for(Duration::from_millis(3000), &stop, tasks).await;
+    // Every failure, as (replica, status, sent and answered in ms after the kill).
+    let failures: Vec<(usize, u16, f64, f64)> = phase1
+        .iter()
+        .enumerate()
+        .flat_map(|(i, answers)| {
+            answers.iter().filter(|a| a.status != 200).map(move |a| {
+                let rel = |t: Instant| ms(t.saturating_duration_since(killed));
+                (i + 1, a.status, rel(a.sent), rel(a.done))
+            })
+        })
+        .collect();
+    let failed = failures.len();
+    let last_failure = failures.iter().map(|f| f.3).fold(0.0, f64::max);
+    assert!(
+        failures.iter().all(|f| f.3 <= ms(REQUEST_TIMEOUT + margin)),
+        "failures beyond one request timeout after the leader died: \
+         (replica, status, sent ms, answered ms) {failures:?}"
+    );
+    for (i, answers) in phase1.iter().enumerate() {
+        let later = answers
+            .iter()
+            .filter(|a| a.sent > killed + REQUEST_TIMEOUT + margin && a.status == 200)
+            .count();
+        assert!(later >= 10, "replica {} serves again: {later}", i + 1);
+    }
+    let served: usize = phase1.iter().map(Vec::len).sum();
+
+    // Phase 2: a second member dies; no quorum.
+    let guarded_before = up.count("/g");
+    let second = (leader + 1) % 3;
+    etcd.stop_node(second);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Every other request is an advance: both the confirmation and the persist path.
+    let tasks = guarded(2, &stop);
+    let ready: Vec<(u16, Duration)> = futures_join(admins.iter().map(|a| readyz(*a))).await;
+    let phase2 = run_for(Duration::from_millis(2500), &stop, tasks).await;
+    let mut refused = Vec::new();
+    for (i, answers) in phase2.iter().enumerate() {
+        assert!(!answers.is_empty());
+        for a in answers {
+            assert_eq!(a.status, 503, "replica {}: without quorum", i + 1);
+            assert!(
+                a.took() <= REQUEST_TIMEOUT + margin,
+                "replica {}: 503 after {:?}",
+                i + 1,
+                a.took()
+            );
+            refused.push(a.took());
+        }
+    }
+    for (i, (status, took)) in ready.iter().enumerate() {
+        assert_eq!(*status, 503, "replica {}: /readyz without quorum", i + 1);
+        assert!(*took <= REQUEST_TIMEOUT + margin, "/readyz took {took:?}");
+    }
+    assert_eq!(
+        up.count("/g"),
+        guarded_before,
+        "no guarded request reached the upstream without quorum"
+    );
+    let errors: f64 = {
+        let mut e = 0.0;
+        for a in &admins {
+            e += store_metric(*a, "palisade_store_errors_total", "confirm").await;
+        }
+        e
+    };
+    assert!(
+        errors >= refused.len() as f64 / 2.0,
+        "{errors} confirm errors counted"
+    );
+
+    // Phase 3: both members come back; the replicas recover without a restart.
+    etcd.start_node(leader);
+    etcd.start_node(second);
+    etcd.wait_writable().await;
+    let back = Instant::now();
+    let mut recovered = Vec::new();
+    for i in 0..2 {
+        let client = http1_client();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let t = tokens[i].fetch_add(1, SeqCst) + 1;
+        loop {
+            let a = call(&client, &format!("{}/{}/w", bases[i], res[i]), Some(t)).await;
+            if a.status == 200 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica {} did not recover: {}",
+                i + 1,
+                a.status
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        recovered.push(back.elapsed());
+        assert_eq!(readyz(admins[i]).await.0, 200, "replica {}", i + 1);
+    }
+    assert!(up.count("/g") > guarded_before);
+
+    open_stop.store(true, SeqCst);
+    let mut open_total = 0;
+    for t in open {
+        let answers = t.await.unwrap();
+        open_total += answers.len();
+        assert!(
+            answers.iter().all(|a| a.status == 200),
+            "unguarded route failed"
+        );
+    }
+    refused.sort();
+    eprintln!(
+        "must show 3: leader n{leader} killed: {failed} of {served} guarded requests failed, \
+         the last {:.0} ms after the kill {failures:?}; quorum lost: {} guarded requests all 503 in {:.0}-{:.0} \
+         ms, /readyz 503 in {:.0} ms, none forwarded; recovered {:.0} ms / {:.0} ms after etcd \
+         was writable again; {open_total} unguarded requests all 200",
+        last_failure,
+        refused.len(),
+        ms(refused[0]),
+        ms(*refused.last().unwrap()),
+        ms(ready.iter().map(|r| r.1).max().unwrap()),
+        ms(recovered[0]),
+        ms(recovered[1]),
+    );
+}
+
+async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// Must show 4: replicas killed with SIGKILL right after advancing come back with every mark:
+/// old tokens 409, current tokens 200, `/marks` lists them before any request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_restarted_with_kill_9_keeps_every_mark() {
+    const N: u64 = 5;
+    let _serial = SERIAL.lock().await;
+    let etcd = etcd::Etcd::cluster().await;
+    let up = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let resources = names("m", N as usize);
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/kill9/",
+        "linearizable",
+        &resources,
+    );
+    let mut r1 = spawn_replica(dir.path(), "r1.toml", &text);
+    let mut r2 = spawn_replica(dir.path(), "r2.toml", &text);
+    let client = http1_client();
+    let url = |p: &ProxyProcess, i: u64| format!("http://{}/m{i}/w", p.addr);
+    for round in 1..=3 {
+        for i in 0..N {
+            let t = round * 10 + i;
+            assert_eq!(call(&client, &url(&r1, i), Some(t)).await.status, 200);
+        }
+    }
+    // SIGKILL right after the last acknowledgement: no shutdown, no flush.
+    r2.kill9();
+    r1.kill9();
+    let arrived = up.all().len();
+    let replicas = [
+        spawn_replica(dir.path(), "r1.toml", &text),
+        spawn_replica(dir.path(), "r2.toml", &text),
+    ];
+    let expected: serde_json::Value = (0..N)
+        .map(|i| (format!("m{i}"), serde_json::json!(30 + i)))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    for r in &replicas {
+        let marks = get(&format!("http://{}/marks", r.admin.unwrap()))
+            .await
+            .json();
+        assert_eq!(marks, expected, "/marks after kill -9");
+    }
+    let client = http1_client();
+    for r in &replicas {
+        for i in 0..N {
+            for old in [10 + i, 20 + i, 29 + i] {
+                let a = call(&client, &url(r, i), Some(old)).await;
+                assert_eq!(a.status, 409, "m{i}: old token {old}");
+            }
+        }
+    }
+    assert_eq!(up.all().len(), arrived, "no old token reached the upstream");
+    for r in &replicas {
+        for i in 0..N {
+            assert_eq!(call(&client, &url(r, i), Some(30 + i)).await.status, 200);
+        }
+    }
+    let mut c = etcd.client().await;
+    for i in 0..N {
+        let got = c.get(format!("/kill9/m{i}"), None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), &(30 + i).to_be_bytes());
+    }
+    eprintln!(
+        "must show 4: {N} resources x 3 advances through r1, both replicas kill -9'd and \
+         restarted: /marks intact, {} old tokens refused, current tokens admitted",
+        N * 3 * 2
+    );
+}
+
+/// Must show 5: the staleness window of `cached` mode. Replica 1 advances the mark; from
+/// the moment its 200 arrives, replica 2 is polled with the previous token until it answers
+/// 409. 500 trials on one resource with increasing tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cached_mode_staleness_window() {
+    const TRIALS: u64 = 500;
+    let _serial = SERIAL.lock().await;
+    let etcd = etcd::Etcd::cluster().await;
+    let up = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/cached/",
+        "cached",
+        &["c".to_owned()],
+    );
+    let r1 = spawn_replica(dir.path(), "r1.toml", &text);
+    let r2 = spawn_replica(dir.path(), "r2.toml", &text);
+    let (u1, u2) = (
+        format!("http://{}/c/w", r1.addr),
+        format!("http://{}/c/w", r2.addr),
+    );
+    let (c1, c2) = (http1_client(), http1_client());
+    // Token 1 everywhere first (r2 learns it by its own advance).
+    assert_eq!(call(&c1, &u1, Some(1)).await.status, 200);
+    assert_eq!(call(&c2, &u2, Some(1)).await.status, 200);
+    let mut windows = Vec::new();
+    let mut zombies = 0u64;
+    let mut zombie_trials = 0u64;
+    let mut polls = 0u64;
+    for k in 1..=TRIALS {
+        let b = call(&c1, &u1, Some(k + 1)).await;
+        assert_eq!(b.status, 200, "trial {k}: advance through r1");
+        let t0 = b.done;
+        let deadline = t0 + Duration::from_secs(5);
+        let mut admitted = 0;
+        loop {
+            let a = call(&c2, &u2, Some(k)).await;
+            polls += 1;
+            match a.status {
+                409 => {
+                    windows.push(a.done - t0);
+                    break;
+                }
+                200 => admitted += 1,
+                s => panic!("trial {k}: r2 answered {s}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "trial {k}: r2 still admits token {k} 5 s after r1 acknowledged {}",
+                k + 1
+            );
+        }
+        zombies += admitted;
+        zombie_trials += u64::from(admitted > 0);
+    }
+    assert_eq!(windows.len() as u64, TRIALS, "every window is finite");
+    windows.sort();
+    let (median, p99) = (percentile(&windows, 50), percentile(&windows, 99));
+    eprintln!(
+        "must show 5: cached mode, {TRIALS} trials: window from r1's 200 to r2's first 409: \
+         median {:.2} ms, p99 {:.2} ms, max {:.2} ms; {zombies} zombie admissions (200 for \
+         the old token after T0) in {zombie_trials} trials, {polls} polls",
+        ms(median),
+        ms(p99),
+        ms(*windows.last().unwrap()),
+    );
+    assert!(p99 < Duration::from_millis(200), "p99 window {p99:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zz_probe_client_with_one_member_down() {
+    let mut etcd = etcd::Etcd::cluster().await;
+    let opts = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(1))
+        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(1));
+    let mut c = etcd_client::Client::connect(etcd.endpoints(), Some(opts)).await.unwrap();
+    for _ in 0..20 { c.get("k", None).await.unwrap(); }
+    let l = etcd.leader().await.unwrap();
+    etcd.stop_node(l);
+    let killed = Instant::now();
+    let (mut ok, mut err) = (0, 0);
+    let mut seen = std::collections::BTreeMap::new();
+    while killed.elapsed() < Duration::from_secs(3) {
+        let s = Instant::now();
+        match c.get("k", None).await {
+            Ok(_) => ok += 1,
+            Err(e) => { err += 1; *seen.entry(format!("{e:?}").chars().take(300).collect::<String>()).or_insert(0) += 1; if err < 5 { eprintln!("{:?} after kill, took {:?}: {e:?}", s - killed, s.elapsed()); } }
+        }
+    }
+    eprintln!("ok {ok} err {err}");
+    for (k, v) in seen { eprintln!("{v} x {k}"); }
 }
