@@ -1,0 +1,68 @@
+#![allow(missing_docs)]
+
+//! The guard layer's cost per request: an axum hello-world with and without `FenceLayer`, on
+//! the equal-token fast path (the mark equals the request's token, nothing to persist).
+//!
+//! Both services are driven the same way, in-process with `oneshot` on a current-thread
+//! runtime, so the difference between the two is what the layer adds (token parsing, the
+//! admission check, the drain ticket, the body wrappers, one boxed future).
+//!
+//! `cargo bench --features layer --bench layer`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::routing::post;
+use axum::Router;
+use criterion::{criterion_group, criterion_main, Criterion};
+use http::Request;
+use palisade::admission::Admission;
+use palisade::{FenceLayer, MemoryStore, Metrics};
+use tower::ServiceExt;
+
+fn bench(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let admission = rt.block_on(async {
+        let store = Arc::new(MemoryStore::with_marks([("orders".to_owned(), 51)].into()));
+        Arc::new(Admission::open(store, ["orders"], &metrics).await.unwrap())
+    });
+    let plain = Router::new().route("/orders/{id}", post(|| async { "ok" }));
+    let fenced = plain.clone().layer(FenceLayer::new(admission, "orders"));
+    let request = || {
+        Request::post("/orders/7")
+            .header("x-fencing-token", "51")
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let mut g = c.benchmark_group("axum_hello");
+    g.bench_function("without_layer", |b| {
+        b.iter_custom(|n| run(&rt, n, || plain.clone().oneshot(request())))
+    });
+    g.bench_function("with_layer", |b| {
+        b.iter_custom(|n| run(&rt, n, || fenced.clone().oneshot(request())))
+    });
+    g.finish();
+}
+
+/// Runs `n` requests made by `call` to completion; every response must be 200.
+fn run<F, B, E>(rt: &tokio::runtime::Runtime, n: u64, call: impl Fn() -> F) -> Duration
+where
+    F: std::future::Future<Output = Result<http::Response<B>, E>>,
+    E: std::fmt::Debug,
+{
+    rt.block_on(async {
+        let start = Instant::now();
+        for _ in 0..n {
+            let resp = call().await.unwrap();
+            assert_eq!(resp.status(), 200);
+        }
+        start.elapsed()
+    })
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
