@@ -57,6 +57,16 @@ enum Command {
     /// Show stored marks, or set one (audited recovery from a forged or runaway token).
     #[command(subcommand)]
     Marks(palisade::marks::cli::MarksCommand),
+    /// Ask a running palisade's admin endpoint whether it is alive (exit 0) or not (exit 1):
+    /// a container health check that needs no curl in the image.
+    Health {
+        /// The admin address.
+        #[arg(long, default_value = "127.0.0.1:9901")]
+        admin: std::net::SocketAddr,
+        /// The path to ask: `/livez` (process up) or `/readyz` (marks loaded, store usable).
+        #[arg(long, default_value = "/livez")]
+        path: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,6 +74,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     match cli.command {
         Command::Marks(command) => palisade::marks::cli::run(command),
+        Command::Health { admin, path } => health(admin, &path),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 for w in &c.warnings {
@@ -125,6 +136,32 @@ fn main() -> ExitCode {
                     }
                 }
             })
+        }
+    }
+}
+
+/// One `GET` to the admin listener with a 2 s budget; success is a `200` status line.
+fn health(admin: std::net::SocketAddr, path: &str) -> ExitCode {
+    use std::io::{Read, Write};
+    let limit = std::time::Duration::from_secs(2);
+    let attempt = || -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect_timeout(&admin, limit)?;
+        s.set_read_timeout(Some(limit))?;
+        s.set_write_timeout(Some(limit))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {admin}\r\n\r\n")?;
+        let mut head = [0u8; 64];
+        let n = s.read(&mut head)?;
+        Ok(String::from_utf8_lossy(&head[..n]).into_owned())
+    };
+    match attempt() {
+        Ok(head) if head.split(' ').nth(1) == Some("200") => ExitCode::SUCCESS,
+        Ok(head) => {
+            eprintln!("unhealthy: {}", head.lines().next().unwrap_or(""));
+            ExitCode::from(EXIT_RUNTIME)
+        }
+        Err(e) => {
+            eprintln!("unhealthy: {admin}{path}: {e}");
+            ExitCode::from(EXIT_RUNTIME)
         }
     }
 }

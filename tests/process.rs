@@ -325,3 +325,24 @@ fn check_prints_a_warning_for_a_catch_all_that_forwards_unlisted_methods() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn health_asks_the_admin_endpoint_and_fails_once_the_proxy_is_gone() {
+    let s = setup().await;
+    let mut p = spawn_proxy(&s.config).unwrap();
+    let admin = p.admin.unwrap().to_string();
+    let health = |path: &str| {
+        Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["health", "--admin", &admin, "--path", path])
+            .output()
+            .unwrap()
+    };
+    assert!(health("/livez").status.success());
+    assert!(health("/readyz").status.success());
+    let missing = health("/nope");
+    assert_eq!(missing.status.code(), Some(1), "a 404 is not healthy");
+    p.kill9();
+    let gone = health("/livez");
+    assert_eq!(gone.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("unhealthy"));
+}
