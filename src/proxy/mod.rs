@@ -34,6 +34,10 @@ use crate::path::{self, PathError};
 use crate::reject::{Context, Rejection};
 use crate::token::{self, FencingToken};
 
+/// How long an aborted request's upstream exchange is kept alive so that it ends with an error
+/// reset rather than a cancel (see `handle`).
+const ABORT_HOLD: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub type ProxyBody = Either<Tracked, Full<Bytes>>;
 
@@ -257,9 +261,11 @@ impl Proxy {
                         // reset the stream with CANCEL instead, which a tonic server takes for
                         // the clean end of a client stream: the upstream would apply a partial
                         // write. So the future lives on in its own task until the body has
-                        // failed (the call then ends), for at most the abort grace.
+                        // failed (the call then ends). An HTTP/2 upstream that grants no send
+                        // window never lets hyper poll the body again; the future is kept for
+                        // ABORT_HOLD in that case, then dropped.
                         tokio::spawn(async move {
-                            let _ = tokio::time::timeout(crate::drain::ABORT_GRACE, pending).await;
+                            let _ = tokio::time::timeout(ABORT_HOLD, pending).await;
                         });
                         return self.aborted(route, token, grpc, peer, started);
                     }
