@@ -7,7 +7,9 @@
 //! 2. A freezes, its lease expires, owner B takes the lock with token 51 and writes;
 //! 3. A wakes up, still believing it owns the lock, and writes with token 34.
 //!
-//! Run it with `cargo run --release --example demo`.
+//! Run it with `cargo run --release --example proxy-legacy` (or `--example demo`, the same
+//! program). `PALISADE_EXAMPLE_UNFENCED=1` turns the route's guard off (`guard = false`): the
+//! zombie's write then reaches the service and the example exits non-zero.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +22,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::net::TcpListener;
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // palisade's own decision log (mark advances, refusals) on stderr; RUST_LOG overrides.
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -63,6 +65,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ));
 
     let dir = tempfile::tempdir()?;
+    // The switch tests/examples.rs uses to show that the fence is what refuses the zombie.
+    let guard = std::env::var_os("PALISADE_EXAMPLE_UNFENCED").is_none_or(|v| v != "1");
+    if !guard {
+        println!("PALISADE_EXAMPLE_UNFENCED=1: the route forwards without checking tokens");
+    }
     let config_text = format!(
         r#"
 [proxy]
@@ -81,6 +88,7 @@ upstream = "legacy"
 path_prefix = "/orders"
 methods = ["POST"]
 resource = "orders"
+guard = {guard}
 "#
     );
     let config = palisade::Config::parse(&config_text, &dir.path().join("palisade.toml"))?;
@@ -173,9 +181,12 @@ resource = "orders"
     }
     let applied = applied.lock().unwrap();
     if applied.len() == 2 && applied[1].starts_with("B:") {
-        println!("\nthe zombie's write was refused: the legacy service never saw it.");
+        println!("\nOK: the zombie was refused: the legacy service never saw its write.");
         Ok(())
     } else {
+        println!(
+            "\nFAIL: a stale write got through: the zombie's write reached the legacy service"
+        );
         Err("the zombie's write reached the legacy service".into())
     }
 }

@@ -399,10 +399,16 @@ async fn racing_advances_through_two_replicas_keep_the_mark_monotonic() {
             let client = http1_client();
             let mut rng = Rng::new(100 + c);
             let mut done: Vec<(u64, Raced)> = Vec::new();
+            let mut token = 0;
             while Instant::now() < deadline {
-                // Mostly increasing: the shared counter, sometimes a little below it.
-                let top = counter.fetch_add(1, SeqCst);
-                let token = top - rng.below(8).saturating_sub(3);
+                // Each client is an owner writing under its token until it takes a new one
+                // from the shared counter (sometimes a little below the top): tokens rise
+                // overall, interleave between clients, and every client keeps writing for a
+                // while after a newer owner took over (a zombie).
+                if token == 0 || rng.below(6) == 0 {
+                    let top = counter.fetch_add(1, SeqCst);
+                    token = top - rng.below(8).saturating_sub(4);
+                }
                 let id = next_id.fetch_add(1, SeqCst);
                 let url = format!("{}{id}", bases[rng.below(2) as usize]);
                 let answer = call(&client, &url, Some(token)).await;
@@ -424,7 +430,13 @@ async fn racing_advances_through_two_replicas_keep_the_mark_monotonic() {
     let requests: Vec<Raced> = requests.into_iter().map(Option::unwrap).collect();
     let count = |s: u16| requests.iter().filter(|r| r.answer.status == s).count();
     let (ok, stale) = (count(200), count(409));
-    let other = requests.len() - ok - stale;
+    let mut other = std::collections::BTreeMap::new();
+    for r in requests
+        .iter()
+        .filter(|r| ![200, 409].contains(&r.answer.status))
+    {
+        *other.entry(r.answer.status).or_insert(0) += 1;
+    }
 
     // The final mark in etcd is the highest token any client saw admitted.
     let highest_ok = requests
@@ -496,7 +508,7 @@ async fn racing_advances_through_two_replicas_keep_the_mark_monotonic() {
     }
     eprintln!(
         "must show 2: {} requests in {RUN:?} from {CLIENTS} clients ({ok} admitted, {stale} \
-         stale, {other} other), {} reached the upstream, 0 below a mark acknowledged before they \
+         stale, other statuses {other:?}), {} reached the upstream, 0 below a mark acknowledged before they \
          were sent ({overtaken} admitted before, forwarded after a higher ack); final \
          mark {stored} = highest admitted; etcd round trips: {confirms} confirm + {persists} \
          persist ({:.2} per request)",
@@ -521,7 +533,7 @@ fn traffic(
         while !stop.load(SeqCst) {
             n += 1;
             // Some requests advance, the others confirm an equal token.
-            let t = if n % advance_every == 0 {
+            let t = if n.is_multiple_of(advance_every) {
                 token.fetch_add(1, SeqCst) + 1
             } else {
                 token.load(SeqCst)
@@ -740,7 +752,7 @@ async fn losing_etcd_members_fails_closed_and_recovers() {
     refused.sort();
     eprintln!(
         "must show 3: leader n{leader} killed: {failed} of {served} guarded requests failed, \
-         the last {:.0} ms after the kill {failures:?}; quorum lost: {} guarded requests all 503 in {:.0}-{:.0} \
+         the last {:.0} ms after the kill; quorum lost: {} guarded requests all 503 in {:.0}-{:.0} \
          ms, /readyz 503 in {:.0} ms, none forwarded; recovered {:.0} ms / {:.0} ms after etcd \
          was writable again; {open_total} unguarded requests all 200",
         last_failure,
@@ -753,9 +765,9 @@ async fn losing_etcd_members_fails_closed_and_recovers() {
     );
 }
 
-async fn futures_join<F: std::future::Future>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
+async fn futures_join<F>(futures: impl Iterator<Item = F>) -> Vec<F::Output>
 where
-    F: Send + 'static,
+    F: std::future::Future + Send + 'static,
     F::Output: Send + 'static,
 {
     let handles: Vec<_> = futures.map(tokio::spawn).collect();
@@ -907,29 +919,4 @@ async fn cached_mode_staleness_window() {
         ms(*windows.last().unwrap()),
     );
     assert!(p99 < Duration::from_millis(200), "p99 window {p99:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn zz_probe_client_with_one_member_down() {
-    let mut etcd = etcd::Etcd::cluster().await;
-    let opts = etcd_client::ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(1))
-        .with_keep_alive(Duration::from_secs(10), Duration::from_secs(1));
-    let mut c = etcd_client::Client::connect(etcd.endpoints(), Some(opts)).await.unwrap();
-    for _ in 0..20 { c.get("k", None).await.unwrap(); }
-    let l = etcd.leader().await.unwrap();
-    etcd.stop_node(l);
-    let killed = Instant::now();
-    let (mut ok, mut err) = (0, 0);
-    let mut seen = std::collections::BTreeMap::new();
-    while killed.elapsed() < Duration::from_secs(3) {
-        let s = Instant::now();
-        match c.get("k", None).await {
-            Ok(_) => ok += 1,
-            Err(e) => { err += 1; *seen.entry(format!("{e:?}").chars().take(300).collect::<String>()).or_insert(0) += 1; if err < 5 { eprintln!("{:?} after kill, took {:?}: {e:?}", s - killed, s.elapsed()); } }
-        }
-    }
-    eprintln!("ok {ok} err {err}");
-    for (k, v) in seen { eprintln!("{v} x {k}"); }
 }

@@ -13,9 +13,15 @@
 //! whatever order replicas write in.
 //!
 //! Every request is bounded by `request_timeout_ms` (etcd-client has no default timeout); a
-//! store that cannot answer fails closed (503). [`EtcdStore::subscribe`] runs a watch on the
-//! prefix that resumes from the last revision it saw after a disconnect, and reloads every
-//! mark when that revision was compacted away.
+//! store that cannot answer fails closed (503). Within that bound an `Unavailable` answer is
+//! retried: etcd-client's balanced channel keeps picking a member that is down (its requests
+//! fail at once with "tcp connect error") and a leader election fails requests in flight, so
+//! without retries a cluster that lost one member of three would fail a share of requests for
+//! as long as the member stays down. Every operation here may be retried: reads, and the
+//! advance transaction, whose second attempt finds its own write and reports it.
+//!
+//! [`EtcdStore::subscribe`] runs a watch on the prefix that resumes from the last revision it
+//! saw after a disconnect, and reloads every mark when that revision was compacted away.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -26,6 +32,7 @@ use etcd_client::{
     WatchOptions,
 };
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 use super::{BoxFuture, Consistency, MarkStore, Marks, StoreError};
 use crate::config::EtcdSettings;
@@ -99,26 +106,37 @@ impl EtcdStore {
         format!("{}{resource}", self.inner.prefix).into_bytes()
     }
 
-    async fn bounded<T>(
-        &self,
-        what: &'static str,
-        f: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.inner.timeout, f).await {
-            Ok(r) => r.map_err(etcd_err(what)),
-            Err(_) => Err(StoreError::Timeout(self.inner.timeout)),
+    /// Runs `op` to completion within `request_timeout` in all, retrying an `Unavailable`
+    /// answer (a member that is down, a leader change) while time is left.
+    async fn bounded<T, F, Fut>(&self, what: &'static str, mut op: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.inner.timeout;
+        let mut pause = Duration::ZERO;
+        loop {
+            match tokio::time::timeout_at(deadline, op()).await {
+                Err(_) => return Err(StoreError::Timeout(self.inner.timeout)),
+                Ok(Err(e)) if unavailable(&e) && Instant::now() + pause < deadline => {
+                    tracing::debug!(error = %e, what, "etcd unavailable; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).clamp(Duration::from_millis(5), Duration::from_millis(100));
+                }
+                Ok(r) => return r.map_err(etcd_err(what)),
+            }
         }
     }
 
     /// Every mark under the prefix and the revision they were read at.
     async fn load_all(&self) -> Result<(Marks, i64), StoreError> {
-        let mut kv = self.inner.client.kv_client();
         let prefix = self.inner.prefix.clone();
         let resp = self
-            .bounded(
-                "load",
-                kv.get(prefix.clone(), Some(GetOptions::new().with_prefix())),
-            )
+            .bounded("load", || {
+                let mut kv = self.inner.client.kv_client();
+                let prefix = prefix.clone();
+                async move { kv.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
             .await?;
         let mut marks = Marks::new();
         for kv in resp.kvs() {
@@ -156,6 +174,16 @@ fn tls(settings: &EtcdSettings, options: ConnectOptions) -> Result<ConnectOption
         Some(_) => Err(StoreError::Etcd(
             "TLS to etcd needs palisade built with the `etcd-tls` feature".to_owned(),
         )),
+    }
+}
+
+/// Whether `e` says the request did not get an answer from a healthy member (worth another
+/// member, or another try after an election).
+fn unavailable(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
     }
 }
 
@@ -203,8 +231,13 @@ impl MarkStore for EtcdStore {
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(key.clone(), value, None)])
                 .or_else([TxnOp::txn(raise)]);
-            let mut kv = self.inner.client.kv_client();
-            let resp = self.bounded("advance", kv.txn(txn)).await?;
+            let resp = self
+                .bounded("advance", || {
+                    let mut kv = self.inner.client.kv_client();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await?;
             if resp.succeeded() {
                 return Ok(mark);
             }
@@ -236,12 +269,13 @@ impl MarkStore for EtcdStore {
         Box::pin(async move {
             // A linearizable read goes through the cluster's leader and a quorum: the same
             // path an advance needs.
-            let mut kv = self.inner.client.kv_client();
             let key = self.inner.prefix.clone();
-            self.bounded(
-                "ready",
-                kv.get(key, Some(GetOptions::new().with_prefix().with_count_only())),
-            )
+            self.bounded("ready", || {
+                let mut kv = self.inner.client.kv_client();
+                let key = key.clone();
+                let options = GetOptions::new().with_prefix().with_count_only();
+                async move { kv.get(key, Some(options)).await }
+            })
             .await
             .map(|_| ())
         })
@@ -253,9 +287,13 @@ impl MarkStore for EtcdStore {
 
     fn confirm<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let mut kv = self.inner.client.kv_client();
+            let key = self.key(resource);
             let resp = self
-                .bounded("confirm", kv.get(self.key(resource), None))
+                .bounded("confirm", || {
+                    let mut kv = self.inner.client.kv_client();
+                    let key = key.clone();
+                    async move { kv.get(key, None).await }
+                })
                 .await?;
             match resp.kvs().first() {
                 Some(kv) => decode(kv.key(), kv.value()),
@@ -290,9 +328,12 @@ impl EtcdStore {
             let options = WatchOptions::new()
                 .with_prefix()
                 .with_start_revision(seen + 1);
-            let mut watch = self.inner.client.watch_client();
             let stream = match self
-                .bounded("watch", watch.watch(prefix.clone(), Some(options)))
+                .bounded("watch", || {
+                    let mut watch = self.inner.client.watch_client();
+                    let (prefix, options) = (prefix.clone(), options.clone());
+                    async move { watch.watch(prefix, Some(options)).await }
+                })
                 .await
             {
                 Ok(s) => s,
