@@ -7,68 +7,65 @@
 //!
 //! # Layout
 //!
-//! The proxy and guard (the resource's side):
-//! - [`token`]: the token type and its one strict wire form.
-//! - [`guard`]: the admission rule, pure (no I/O).
-//! - [`marks`]: mark stores that keep high-water marks across restarts.
-//! - [`admission`]: the guard composed with a store (persist before forward).
-//! - [`drain`]: requests in flight per mark, drained (or aborted) before an advance goes on.
-//! - `layer` (feature `layer`): the same admission as a tower layer, in-process.
-//! - [`path`]: request paths in normal form, so routes cannot be bypassed.
-//! - [`host`]: Host headers and authorities in one strict form, for the same reason.
-//! - [`config`]: TOML configuration and its validation.
-//! - [`confirm`]: confirmation rounds that let concurrent admissions share one store read.
-//! - [`reject`]: every refusal and its HTTP and gRPC form, in one table.
-//! - [`metrics`]: Prometheus metric families.
-//! - [`proxy`]: the request pipeline of the reverse proxy.
-//! - [`admin`]: `/metrics`, `/livez`, `/readyz`, `/marks`.
-//! - [`server`]: the accept loop with graceful shutdown.
-//! - [`app`]: wiring config, store, proxy and admin together.
+//! The folders are the three parties of the fencing contract:
 //!
-//! The client library (the owner's side):
-//! - [`session`]: a lease kept alive, with a signal when it is lost.
-//! - [`lock`], [`rwlock`], [`election`]: the primitives, each handing out fencing tokens.
-//! - [`provider`]: etcd (feature `etcd`) and in-memory providers behind one model.
-//! - [`transport`]: stamping requests with a token and reading it back (HTTP, gRPC).
-//! - [`error`]: the client library's error.
+//! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`] and
+//!   [`election`] on etcd (feature `etcd`) or in memory ([`provider`]), each handing out
+//!   tokens, and [`transport`] to stamp them on requests. Always built.
+//! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
+//!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
+//!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
+//!   drains ([`drain`]), the table of refusals ([`reject`]), [`metrics`], and the tower layer
+//!   (`layer`, feature `layer`).
+//! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
+//!   changed: [`config`], request [`path`] and [`host`] normal forms, the request
+//!   [`pipeline`](proxy::pipeline), the accept loop ([`server`]), the [`admin`] endpoints and
+//!   the wiring ([`app`]).
+//! - [`token`]: the token type and its one strict wire form, used by all three.
+//!
+//! The short paths (`palisade::session`, `palisade::admission`, ...) are re-exports of the
+//! modules in those folders.
+//!
+//! # Features
+//!
+//! `proxy` (default) builds the `palisade` binary and everything it needs. A library user
+//! who only takes locks and leads elections sets `default-features = false, features =
+//! ["etcd"]` and compiles no HTTP server, configuration or metrics; `layer` adds the guard as
+//! a tower layer; `etcd-tls` adds TLS to etcd; `grpc` adds gRPC metadata helpers.
 
-pub mod admin;
-pub mod admission;
-pub mod app;
-pub mod config;
-pub mod confirm;
-pub mod drain;
-pub mod election;
-pub mod error;
-pub mod guard;
-pub mod host;
-#[cfg(feature = "layer")]
-pub mod layer;
-pub mod lock;
-pub mod marks;
-pub mod metrics;
-pub mod path;
-pub mod provider;
+pub mod client;
+#[cfg(feature = "fence")]
+pub mod fence;
+#[cfg(feature = "proxy")]
 pub mod proxy;
-mod queue;
-pub mod reject;
-pub mod rwlock;
-pub mod server;
-pub mod session;
 pub mod token;
-pub mod transport;
 
+pub(crate) use client::queue;
+pub use client::{election, error, lock, provider, rwlock, session, transport};
+#[cfg(feature = "layer")]
+pub use fence::layer;
+#[cfg(feature = "fence")]
+pub use fence::{admission, confirm, drain, guard, marks, metrics, reject};
+#[cfg(feature = "proxy")]
+pub use proxy::{admin, app, config, host, path, server};
+
+#[cfg(feature = "fence")]
 pub use admission::Admission;
+#[cfg(feature = "proxy")]
 pub use app::{run, Listeners};
+#[cfg(feature = "proxy")]
 pub use config::Config;
 pub use election::{ElectionService, LeaderKey, Leadership, Observation, Term};
 pub use error::Error;
+#[cfg(feature = "fence")]
 pub use guard::{Verdict, Watermark};
 #[cfg(feature = "layer")]
 pub use layer::FenceLayer;
-pub use marks::{FileStore, MarkStore, MemoryStore};
-pub use metrics::Metrics;
 pub use lock::{LockGrant, LockService};
+#[cfg(feature = "fence")]
+pub use marks::{FileStore, MarkStore, MemoryStore};
+#[cfg(feature = "fence")]
+pub use metrics::Metrics;
 pub use provider::memory::MemoryProvider;
 pub use provider::Provider;
 pub use rwlock::{Mode, RwGrant, RwLockService};

@@ -56,7 +56,7 @@ enum Command {
     },
     /// Show stored marks, or set one (audited recovery from a forged or runaway token).
     #[command(subcommand)]
-    Marks(palisade::marks::cli::MarksCommand),
+    Marks(palisade::proxy::marks_cli::MarksCommand),
     /// Ask a running palisade's admin endpoint whether it is alive (exit 0) or not (exit 1):
     /// a container health check that needs no curl in the image.
     Health {
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
-        Command::Marks(command) => palisade::marks::cli::run(command),
+        Command::Marks(command) => palisade::proxy::marks_cli::run(command),
         Command::Health { admin, path } => health(admin, &path),
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {

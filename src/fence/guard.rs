@@ -9,6 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::token::FencingToken;
 
+/// What a guarded route does with a request that carries no token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MissingToken {
+    /// 428 Precondition Required (gRPC INVALID_ARGUMENT).
+    Reject,
+    /// Forward it unchecked, counted as `outcome="missing"`.
+    Allow,
+}
+
 /// What the guard decided about one token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {

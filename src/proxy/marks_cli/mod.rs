@@ -17,6 +17,8 @@
 //! snapshot even while a proxy runs, and it takes no lock, so it can never make a proxy that is
 //! starting at that moment fail.
 
+mod audit;
+
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -24,9 +26,9 @@ use std::time::SystemTime;
 
 use crate::config::{Config, ConfigError, MarksSettings};
 
-use super::audit::{self, Who};
-use super::file::{self, FileStore};
-use super::{Marks, StoreError};
+use self::audit::Who;
+use crate::marks::file::{self, FileStore};
+use crate::marks::{Marks, StoreError};
 
 /// Exit code for an invalid configuration, as `palisade check` uses.
 const EXIT_CONFIG: u8 = 2;

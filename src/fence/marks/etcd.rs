@@ -34,8 +34,8 @@ use etcd_client::{
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::settings::EtcdSettings;
 use super::{BoxFuture, Consistency, MarkStore, Marks, StoreError};
-use crate::config::EtcdSettings;
 
 /// The etcd mark store.
 #[derive(Clone)]

@@ -189,6 +189,7 @@ impl FileStore {
     /// Only for the operator's recovery (`palisade marks set`): lowering a mark re-admits every
     /// holder of a token at or above `value`, zombies included. The proxy itself only ever
     /// calls [`MarkStore::persist`], which never lowers.
+    #[cfg_attr(not(feature = "proxy"), allow(dead_code))] // used by `palisade marks set`
     pub(crate) fn overwrite(&self, resource: &str, value: u64) -> Result<u64, StoreError> {
         let mut current = self.inner.marks.lock().unwrap_or_else(|e| e.into_inner());
         let old = current.get(resource).copied().unwrap_or(0);
@@ -231,6 +232,7 @@ fn take_lock(path: &Path, dir: &Path) -> Result<File, StoreError> {
 ///
 /// A consistent snapshot even while a proxy writes it, since every write replaces the file
 /// by rename.
+#[cfg_attr(not(feature = "proxy"), allow(dead_code))] // used by `palisade marks list`
 pub(crate) fn read(path: &Path) -> Result<Option<Marks>, StoreError> {
     match fs::read(path) {
         Ok(bytes) => parse(path, &bytes).map(Some),

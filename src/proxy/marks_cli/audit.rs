@@ -11,7 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::file::sync_dir;
+use crate::marks::file::sync_dir;
 
 /// `<marks file>.audit.log`.
 pub(crate) fn log_path(marks: &Path) -> PathBuf {

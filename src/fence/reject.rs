@@ -8,7 +8,6 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
-use crate::path::PathError;
 use crate::token::TokenError;
 
 /// Header on a 409 that tells the client the mark that refused it.
@@ -43,9 +42,9 @@ pub enum Rejection {
     /// it lists.
     #[error("this method is not allowed on this route")]
     MethodNotAllowed,
-    /// The request path is not in normal form (see [`crate::path`]).
+    /// The request path is not in normal form (the proxy's path rules say why).
     #[error("request path is not in normal form: {0}")]
-    BadPath(#[source] PathError),
+    BadPath(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The token is below the resource's mark.
     #[error("fencing token {token} is below the resource's mark {mark}: a newer owner exists")]
     Stale {

@@ -5,12 +5,11 @@
 //! persist returns an error and the request is refused with 503: a mark that only lived in
 //! memory would let a zombie in after a restart.
 
-mod audit;
-pub mod cli;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod file;
 pub mod memory;
+pub mod settings;
 
 use std::collections::BTreeMap;
 use std::future::Future;

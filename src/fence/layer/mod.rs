@@ -39,7 +39,7 @@ use http_body::Body;
 pub use body::{Aborted, BoxError, FenceRequestBody, FenceResponseBody};
 
 use crate::admission::{Admission, Refused, Resource};
-use crate::config::MissingToken;
+use crate::guard::MissingToken;
 use crate::reject::{Context as RejectContext, Rejection};
 use crate::token::{self, FencingToken};
 

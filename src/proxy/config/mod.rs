@@ -1,0 +1,370 @@
+//! Configuration: TOML in, validated settings out (DESIGN 5).
+//!
+//! Two layers. `raw` structs mirror the file with `deny_unknown_fields`, so a typo is an error,
+//! not a silently ignored guard. [`Config::parse`] then validates them into typed settings
+//! (socket addresses, header names, methods, resolved upstream indices). Every error names the
+//! file, the line and column, and the key, e.g.
+//! `palisade.toml:14:12: route[1].upstream: no [[upstream]] is named "legcy"`.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::uri::{Authority, Scheme};
+use http::{HeaderName, Method};
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::path;
+
+mod etcd;
+mod raw;
+mod validate;
+mod warnings;
+
+pub use crate::marks::settings::{EtcdSettings, EtcdTls, Password};
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where it was read from (for messages).
+    pub file: PathBuf,
+    /// The data-path listener.
+    pub proxy: ProxySettings,
+    /// The admin listener (default `127.0.0.1:9901`); `None` with `[admin] enabled = false`.
+    pub admin: Option<AdminSettings>,
+    /// Which header carries the token.
+    pub fencing: FencingSettings,
+    /// Where marks are kept.
+    pub marks: MarksSettings,
+    /// Upstreams, in file order.
+    pub upstreams: Vec<UpstreamSettings>,
+    /// Routes, in file order (first match wins).
+    pub routes: Vec<RouteSettings>,
+    /// Valid but risky choices, each naming its place in the file (see [`ConfigWarning`]).
+    pub warnings: Vec<ConfigWarning>,
+}
+
+/// A configuration that is valid but probably not what was meant, e.g. an unguarded route that
+/// forwards methods a guarded route with the same paths does not list. `palisade check`
+/// prints them; `palisade run` logs them at `warn`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigWarning {
+    /// The file.
+    pub file: PathBuf,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// Dotted path of the key, e.g. `route[2].methods`.
+    pub key: String,
+    /// What is risky and how to fix it.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.key,
+            self.message
+        )
+    }
+}
+
+/// `[proxy]`.
+#[derive(Debug, Clone)]
+pub struct ProxySettings {
+    /// `listen`: HTTP/1.1 and h2c on one address.
+    pub listen: SocketAddr,
+    /// `workers`: runtime worker threads; `None` = one per available core.
+    pub workers: Option<usize>,
+    /// `shutdown_grace_ms`: how long in-flight requests may run after a shutdown signal.
+    pub shutdown_grace: Duration,
+    /// `max_connections`: open client connections at most; more are accepted and closed.
+    pub max_connections: usize,
+    /// `header_read_timeout_ms`: from accept until the first request head is complete (or the
+    /// HTTP/2 preface arrived).
+    pub header_read_timeout: Duration,
+    /// `idle_timeout_ms`: keep-alive idle (HTTP/1.1) and HTTP/2 idle (no open stream).
+    pub idle_timeout: Duration,
+    /// `http2_keepalive_interval_ms`: HTTP/2 PING interval (and answer timeout); `None` when 0.
+    pub http2_keepalive_interval: Option<Duration>,
+    /// `require_nfkc_paths`: refuse paths whose decoded text changes under Unicode NFKC.
+    pub require_nfkc_paths: bool,
+}
+
+/// `[admin]`.
+#[derive(Debug, Clone)]
+pub struct AdminSettings {
+    /// `listen`: `/metrics`, `/livez`, `/readyz`, `/marks`.
+    pub listen: SocketAddr,
+}
+
+/// `[fencing]`.
+#[derive(Debug, Clone)]
+pub struct FencingSettings {
+    /// `header`: the request header (and gRPC metadata key) carrying the token.
+    pub header: HeaderName,
+}
+
+/// `[marks]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarksSettings {
+    /// `store = "memory"`: lost on exit.
+    Memory,
+    /// `store = "file"`: the default.
+    File {
+        /// `path`, resolved against the config file's directory.
+        path: PathBuf,
+    },
+    /// `store = "etcd"`: shared by every replica (`[marks.etcd]`).
+    Etcd(EtcdSettings),
+}
+
+/// How palisade talks to an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// HTTP/1.1 with keep-alive.
+    Http1,
+    /// HTTP/2 over cleartext with prior knowledge (gRPC upstreams).
+    H2c,
+}
+
+/// `[[upstream]]`.
+#[derive(Debug, Clone)]
+pub struct UpstreamSettings {
+    /// `name`, referenced by routes.
+    pub name: String,
+    /// Scheme of `url` (always `http`).
+    pub scheme: Scheme,
+    /// Host and port of `url`.
+    pub authority: Authority,
+    /// `protocol`.
+    pub protocol: Protocol,
+    /// `connect_timeout_ms`.
+    pub connect_timeout: Duration,
+    /// `response_timeout_ms`: until the response headers arrive; `None` when 0.
+    pub response_timeout: Option<Duration>,
+}
+
+pub use crate::guard::MissingToken;
+
+/// Which paths a route matches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathMatch {
+    /// `path`: this path, also with a trailing `/` or a `.format` suffix.
+    Exact(String),
+    /// `path_prefix`: every path starting with it.
+    Prefix(String),
+}
+
+impl PathMatch {
+    /// Whether `key` (a [`path::match_key`]) is matched.
+    pub fn matches(&self, key: &str) -> bool {
+        match self {
+            // Also `/orders/` and `/orders.json`: frameworks (Rails' `(.:format)`, older Spring)
+            // route those to the same handler, so they must not fall through to another route.
+            PathMatch::Exact(p) => key.strip_prefix(p.as_str()).is_some_and(|rest| {
+                rest.is_empty() || rest == "/" || (rest.starts_with('.') && !rest.contains('/'))
+            }),
+            PathMatch::Prefix(p) => key.starts_with(p.as_str()),
+        }
+    }
+}
+
+/// `[[route]]`.
+#[derive(Debug, Clone)]
+pub struct RouteSettings {
+    /// `name`: unique; the `route` label.
+    pub name: String,
+    /// Index into [`Config::upstreams`].
+    pub upstream: usize,
+    /// `path` or `path_prefix`.
+    pub path: PathMatch,
+    /// `methods`; `None` = every method.
+    pub methods: Option<Vec<Method>>,
+    /// `host`, lower-cased, without port; `None` = any host.
+    pub host: Option<String>,
+    /// `resource`: the mark key (default: the route's name).
+    pub resource: String,
+    /// `guard`.
+    pub guard: bool,
+    /// `missing_token`.
+    pub missing_token: MissingToken,
+    /// `strip_token`: remove the token header (and trailer) before forwarding.
+    pub strip_token: bool,
+    /// `other_methods`: what a guarded route does with a method it does not list.
+    pub other_methods: OtherMethods,
+    /// `get_bodies`: what to do with a request body on GET, HEAD, OPTIONS, TRACE or CONNECT.
+    pub get_bodies: GetBodies,
+    /// `max_token`: tokens above it are refused as malformed (400); `None`: no ceiling.
+    pub max_token: Option<u64>,
+    /// `drain_timeout_ms`: on an advance through this route, how long to wait for requests
+    /// admitted under older marks before aborting them (see [`crate::drain`]).
+    pub drain_timeout: Duration,
+}
+
+/// What a route does with a request whose path (and host) it matches but whose method it does
+/// not list (`other_methods`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OtherMethods {
+    /// Try the next routes (the default). `palisade check` warns when a later unguarded route
+    /// would then forward an unsafe method to the guarded paths.
+    FallThrough,
+    /// Answer 405 Method Not Allowed with an `Allow` header (gRPC UNIMPLEMENTED).
+    Reject,
+}
+
+/// What a route does with a body on a method that has none by convention (`get_bodies`).
+///
+/// Many servers never read a GET body (Python's `BaseHTTPRequestHandler`, many legacy apps), so
+/// its bytes would be parsed as the next request on the connection: a request palisade never
+/// checked. Refusing such bodies closes that smuggling path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GetBodies {
+    /// 400 Bad Request (the default).
+    Reject,
+    /// Forward the body; the upstream connection is closed after that request
+    /// (`Connection: close`) so unread bytes can never be read as another request.
+    Forward,
+}
+
+/// A configuration that could not be read or is invalid.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{}: cannot read: {source}", file.display())]
+    Read {
+        /// The file.
+        file: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or a key is unknown, missing, mistyped or invalid.
+    #[error("{}:{line}:{column}: {key}: {message}", file.display())]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// 1-based column.
+        column: usize,
+        /// Dotted path of the key, e.g. `route[1].methods[0]`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The default admin address: loopback only.
+pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+
+impl Config {
+    /// Reads and validates the file at `path`.
+    ///
+    /// # Errors
+    /// [`ConfigError`] naming the file, line, column and key of the first problem.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let file = path.as_ref().to_path_buf();
+        let text = std::fs::read_to_string(&file).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// Validates `text` as if read from `file` (relative paths resolve against its directory).
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the line, column and key of the first problem.
+    pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
+        let v = Validator { text, file };
+        let de = toml::Deserializer::new(text);
+        let raw: raw::File = serde_path_to_error::deserialize(de).map_err(|e| v.serde_error(e))?;
+        v.validate(raw)
+    }
+}
+
+struct Validator<'a> {
+    text: &'a str,
+    file: &'a Path,
+}
+
+impl Validator<'_> {
+    fn error(
+        &self,
+        offset: usize,
+        key: impl Into<String>,
+        message: impl fmt::Display,
+    ) -> ConfigError {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        ConfigError::Invalid {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            key: key.into(),
+            message: message.to_string(),
+        }
+    }
+
+    fn at<T>(
+        &self,
+        s: &Spanned<T>,
+        key: impl Into<String>,
+        message: impl fmt::Display,
+    ) -> ConfigError {
+        self.error(s.span().start, key, message)
+    }
+
+    fn serde_error(&self, e: serde_path_to_error::Error<toml::de::Error>) -> ConfigError {
+        // serde_spanned's wrapper shows up in the path of a mistyped `Spanned` value.
+        let mut key = e
+            .path()
+            .to_string()
+            .replace(".$__serde_spanned_private_value", "");
+        let inner = e.into_inner();
+        let span = inner.span();
+        let message = inner.message().trim().to_owned();
+        if key == "." {
+            key = "(top level)".to_owned();
+        }
+        self.error(span.map_or(0, |s| s.start), key, message)
+    }
+
+    /// A number that must be at least 1, or `default` when absent.
+    fn positive<T>(&self, v: Option<Spanned<T>>, key: &str, default: T) -> Result<T, ConfigError>
+    where
+        T: Copy + PartialEq + From<u8>,
+    {
+        match v {
+            None => Ok(default),
+            Some(v) if *v.get_ref() == T::from(0) => Err(self.at(&v, key, "must be at least 1")),
+            Some(v) => Ok(v.into_inner()),
+        }
+    }
+
+    fn listen(&self, s: &Spanned<String>, key: &str) -> Result<SocketAddr, ConfigError> {
+        s.get_ref().parse().map_err(|e| {
+            self.at(
+                s,
+                key,
+                format_args!("{:?} is not an IP:port socket address ({e})", s.get_ref()),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! The file as written: serde structs with `deny_unknown_fields`, before validation.
+
+use super::*;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct File {
+    pub(super) proxy: Proxy,
+    pub(super) admin: Option<Admin>,
+    #[serde(default)]
+    pub(super) fencing: Fencing,
+    #[serde(default)]
+    pub(super) marks: Marks,
+    #[serde(default)]
+    pub(super) upstream: Vec<Upstream>,
+    #[serde(default)]
+    pub(super) route: Vec<Route>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Proxy {
+    pub(super) listen: Spanned<String>,
+    pub(super) workers: Option<Spanned<usize>>,
+    #[serde(default = "default_grace")]
+    pub(super) shutdown_grace_ms: u64,
+    pub(super) max_connections: Option<Spanned<usize>>,
+    pub(super) header_read_timeout_ms: Option<Spanned<u64>>,
+    pub(super) idle_timeout_ms: Option<Spanned<u64>>,
+    #[serde(default = "default_h2_keepalive")]
+    pub(super) http2_keepalive_interval_ms: u64,
+    #[serde(default)]
+    pub(super) require_nfkc_paths: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Admin {
+    #[serde(default = "yes")]
+    pub(super) enabled: bool,
+    pub(super) listen: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Fencing {
+    pub(super) header: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub(super) enum StoreKind {
+    Memory,
+    #[default]
+    File,
+    Etcd,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Marks {
+    #[serde(default)]
+    pub(super) store: StoreKind,
+    pub(super) path: Option<Spanned<String>>,
+    pub(super) etcd: Option<super::etcd::Raw>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Upstream {
+    pub(super) name: Spanned<String>,
+    pub(super) url: Spanned<String>,
+    #[serde(default = "default_protocol")]
+    pub(super) protocol: Protocol,
+    #[serde(default = "default_connect_timeout")]
+    pub(super) connect_timeout_ms: u64,
+    #[serde(default = "default_response_timeout")]
+    pub(super) response_timeout_ms: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Route {
+    pub(super) name: Spanned<String>,
+    pub(super) upstream: Spanned<String>,
+    pub(super) path: Option<Spanned<String>>,
+    pub(super) path_prefix: Option<Spanned<String>>,
+    pub(super) methods: Option<Spanned<Vec<Spanned<String>>>>,
+    pub(super) host: Option<Spanned<String>>,
+    pub(super) resource: Option<Spanned<String>>,
+    #[serde(default = "yes")]
+    pub(super) guard: bool,
+    #[serde(default = "default_missing")]
+    pub(super) missing_token: MissingToken,
+    #[serde(default)]
+    pub(super) strip_token: bool,
+    #[serde(default = "default_other_methods")]
+    pub(super) other_methods: OtherMethods,
+    #[serde(default = "default_get_bodies")]
+    pub(super) get_bodies: GetBodies,
+    pub(super) max_token: Option<Spanned<u64>>,
+    #[serde(default = "default_drain")]
+    pub(super) drain_timeout_ms: u64,
+}
+
+fn default_grace() -> u64 {
+    10_000
+}
+fn default_drain() -> u64 {
+    2_000
+}
+fn default_h2_keepalive() -> u64 {
+    20_000
+}
+fn default_other_methods() -> OtherMethods {
+    OtherMethods::FallThrough
+}
+fn default_get_bodies() -> GetBodies {
+    GetBodies::Reject
+}
+fn default_protocol() -> Protocol {
+    Protocol::Http1
+}
+fn default_connect_timeout() -> u64 {
+    2_000
+}
+fn default_response_timeout() -> u64 {
+    30_000
+}
+fn yes() -> bool {
+    true
+}
+fn default_missing() -> MissingToken {
+    MissingToken::Reject
+}

@@ -1,0 +1,152 @@
+use super::*;
+
+const BASE: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[[upstream]]
+name = "legacy"
+url = "http://127.0.0.1:9000"
+
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST"]
+"#;
+
+fn err(text: &str) -> (usize, usize, String, String) {
+    match Config::parse(text, Path::new("p.toml")).unwrap_err() {
+        ConfigError::Invalid {
+            line,
+            column,
+            key,
+            message,
+            ..
+        } => (line, column, key, message),
+        e => panic!("{e}"),
+    }
+}
+
+#[test]
+fn base_config_is_valid_with_defaults() {
+    let c = Config::parse(BASE, Path::new("conf/p.toml")).unwrap();
+    assert_eq!(c.routes[0].resource, "orders");
+    assert!(c.routes[0].guard);
+    assert_eq!(c.routes[0].missing_token, MissingToken::Reject);
+    assert_eq!(
+        c.marks,
+        MarksSettings::File {
+            path: PathBuf::from("conf/data/marks.json")
+        }
+    );
+    assert_eq!(c.fencing.header.as_str(), "x-fencing-token");
+    assert_eq!(
+        c.admin.unwrap().listen.to_string(),
+        DEFAULT_ADMIN_LISTEN,
+        "admin on loopback by default"
+    );
+}
+
+#[test]
+fn unknown_key_names_line_column_and_key() {
+    let text = BASE.replace(
+        "methods = [\"POST\"]",
+        "methods = [\"POST\"]\ngaurd = false",
+    );
+    let (line, col, key, msg) = err(&text);
+    assert_eq!((line, col), (14, 1));
+    assert_eq!(key, "route[0].gaurd");
+    assert!(msg.contains("unknown field"), "{msg}");
+}
+
+#[test]
+fn unknown_upstream_duplicate_route_bad_listen_bad_method() {
+    let (line, col, key, _) = err(&BASE.replace("upstream = \"legacy\"", "upstream = \"legcy\""));
+    assert_eq!((line, col, key.as_str()), (11, 12, "route[0].upstream"));
+
+    let dup =
+        format!("{BASE}\n[[route]]\nname = \"orders\"\nupstream = \"legacy\"\npath = \"/x\"\n");
+    let (line, col, key, _) = err(&dup);
+    assert_eq!((line, col, key.as_str()), (16, 8, "route[1].name"));
+
+    let (line, col, key, _) = err(&BASE.replace("127.0.0.1:0", "localhost:80"));
+    assert_eq!((line, col, key.as_str()), (3, 10, "proxy.listen"));
+
+    let (line, col, key, _) = err(&BASE.replace("[\"POST\"]", "[\"POST\", \"get\"]"));
+    assert_eq!((line, col, key.as_str()), (13, 20, "route[0].methods[1]"));
+}
+
+#[test]
+fn connection_limits_have_defaults_and_refuse_zero() {
+    let c = Config::parse(BASE, Path::new("p.toml")).unwrap();
+    assert_eq!(c.proxy.max_connections, 10_000);
+    assert_eq!(c.proxy.header_read_timeout, Duration::from_secs(10));
+    assert_eq!(c.proxy.idle_timeout, Duration::from_secs(60));
+    assert_eq!(
+        c.proxy.http2_keepalive_interval,
+        Some(Duration::from_secs(20))
+    );
+    for key in [
+        "max_connections",
+        "header_read_timeout_ms",
+        "idle_timeout_ms",
+    ] {
+        let text = BASE.replace(
+            "listen = \"127.0.0.1:0\"",
+            &format!("listen = \"127.0.0.1:0\"\n{key} = 0"),
+        );
+        let (line, _, k, msg) = err(&text);
+        assert_eq!((line, k.as_str()), (4, format!("proxy.{key}").as_str()));
+        assert!(msg.contains("at least 1"), "{msg}");
+    }
+}
+
+#[test]
+fn route_hosts_max_token_and_method_policies_are_validated() {
+    let (_, _, key, msg) = err(&BASE.replace(
+        "methods = [\"POST\"]",
+        "methods = [\"POST\"]\nhost = \"u@api.example.com\"",
+    ));
+    assert_eq!(key, "route[0].host");
+    assert!(msg.contains("letters, digits"), "{msg}");
+    let (_, _, key, _) = err(&BASE.replace(
+        "methods = [\"POST\"]",
+        "methods = [\"POST\"]\nmax_token = 0",
+    ));
+    assert_eq!(key, "route[0].max_token");
+    let (_, _, key, _) = err(&BASE.replace(
+        "methods = [\"POST\"]",
+        "methods = [\"POST\"]\nguard = false\nmax_token = 9",
+    ));
+    assert_eq!(key, "route[0].max_token");
+    let (_, _, key, _) = err(&BASE.replace(
+        "methods = [\"POST\"]",
+        "methods = [\"POST\"]\nother_methods = \"drop\"",
+    ));
+    assert_eq!(key, "route[0].other_methods");
+    let c = Config::parse(
+        &BASE.replace(
+            "methods = [\"POST\"]",
+            "methods = [\"POST\"]\nhost = \"API.Example.com.\"\nget_bodies = \"forward\"",
+        ),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    assert_eq!(c.routes[0].host.as_deref(), Some("api.example.com"));
+    assert_eq!(c.routes[0].get_bodies, GetBodies::Forward);
+}
+
+#[test]
+fn route_paths_must_be_normal() {
+    let (_, _, key, msg) = err(&BASE.replace("\"/orders\"", "\"/a/../orders\""));
+    assert_eq!(key, "route[0].path_prefix");
+    assert!(msg.contains("normal-form"), "{msg}");
+}
+
+#[test]
+fn exact_paths_match_with_trailing_slash_or_format_suffix() {
+    let m = PathMatch::Exact("/exact".into());
+    assert!(m.matches("/exact") && m.matches("/exact/") && m.matches("/exact.json"));
+    assert!(!m.matches("/exactly") && !m.matches("/exact/x") && !m.matches("/exact.d/x"));
+}

@@ -1,0 +1,137 @@
+//! Valid but risky route tables: where an unguarded route lets a method reach guarded paths
+//! unchecked.
+
+use http::Method;
+
+use super::*;
+
+impl PathMatch {
+    /// Whether some request path could match both.
+    pub fn overlaps(&self, other: &PathMatch) -> bool {
+        let (a, b) = (self.text(), other.text());
+        a.starts_with(b) || b.starts_with(a)
+    }
+
+    /// Whether every path `other` matches is matched by `self` too.
+    pub fn covers(&self, other: &PathMatch) -> bool {
+        match (self, other) {
+            (PathMatch::Prefix(p), o) => o.text().starts_with(p.as_str()),
+            (PathMatch::Exact(a), PathMatch::Exact(b)) => a == b,
+            (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+        }
+    }
+
+    fn text(&self) -> &str {
+        match self {
+            PathMatch::Exact(p) | PathMatch::Prefix(p) => p,
+        }
+    }
+}
+
+/// RFC 9110 9.2.1: methods that do not change the resource. With bodies on them refused
+/// (`get_bodies`), an unguarded route may forward them to guarded paths.
+fn is_safe(m: &Method) -> bool {
+    matches!(m.as_str(), "GET" | "HEAD" | "OPTIONS" | "TRACE")
+}
+
+fn hosts_overlap(a: Option<&str>, b: Option<&str>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a == b,
+        _ => true,
+    }
+}
+
+impl Validator<'_> {
+    /// Warns where an unguarded route forwards, to a guarded route's paths, an unsafe method
+    /// the guarded route does not list (so a zombie could use it unchecked), and where an
+    /// earlier unguarded route takes every request a guarded route was meant to check.
+    pub(super) fn method_warnings(
+        &self,
+        routes: &[RouteSettings],
+        spans: &[usize],
+    ) -> Vec<ConfigWarning> {
+        let mut out = Vec::new();
+        let warn = |i: usize, message: String| {
+            let ConfigError::Invalid {
+                file,
+                line,
+                column,
+                key,
+                message,
+            } = self.error(spans[i], format!("route[{i}]"), message)
+            else {
+                unreachable!("error() builds Invalid")
+            };
+            ConfigWarning {
+                file,
+                line,
+                column,
+                key,
+                message,
+            }
+        };
+        for (gi, g) in routes.iter().enumerate().filter(|(_, g)| g.guard) {
+            for (ri, r) in routes
+                .iter()
+                .enumerate()
+                .filter(|(ri, r)| *ri != gi && !r.guard)
+            {
+                if !hosts_overlap(g.host.as_deref(), r.host.as_deref()) {
+                    continue;
+                }
+                if ri < gi {
+                    let shadowed = r.path.covers(&g.path)
+                        && match (&r.methods, &g.methods) {
+                            (None, _) => true,
+                            (Some(rm), None) => rm.iter().any(|m| !is_safe(m)),
+                            (Some(rm), Some(gm)) => gm.iter().any(|m| rm.contains(m)),
+                        };
+                    if shadowed {
+                        out.push(warn(
+                            ri,
+                            format!(
+                                "unguarded route {:?} comes before guarded route {:?} and matches \
+                                 all of its paths, so requests meant for the guard reach the \
+                                 upstream unchecked; move it after route[{gi}]",
+                                r.name, g.name
+                            ),
+                        ));
+                    }
+                    continue;
+                }
+                let Some(listed) = &g.methods else { continue };
+                if g.other_methods == OtherMethods::Reject || !g.path.overlaps(&r.path) {
+                    continue;
+                }
+                let leaked = match &r.methods {
+                    None => {
+                        "every method it does not list (PROPFIND, MKCOL, MOVE, unknown ones...)"
+                            .to_owned()
+                    }
+                    Some(rm) => {
+                        let unsafe_unlisted: Vec<&str> = rm
+                            .iter()
+                            .filter(|m| !is_safe(m) && !listed.contains(m))
+                            .map(Method::as_str)
+                            .collect();
+                        if unsafe_unlisted.is_empty() {
+                            continue;
+                        }
+                        unsafe_unlisted.join(", ")
+                    }
+                };
+                out.push(warn(
+                    ri,
+                    format!(
+                        "unguarded route {:?} also matches paths of guarded route {:?}, so {leaked} \
+                         sent there reaches the upstream without a token check; list only safe \
+                         methods (GET, HEAD, OPTIONS) on this route, or set other_methods = \
+                         \"reject\" on route[{gi}]",
+                        r.name, g.name
+                    ),
+                ));
+            }
+        }
+        out
+    }
+}

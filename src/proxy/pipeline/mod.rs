@@ -1,0 +1,499 @@
+//! The request pipeline: route -> token -> guard -> store (on advance) -> forward -> metrics.
+//!
+//! [`Proxy::handle`] reads top to bottom in that order. Everything that can refuse a request
+//! becomes a [`Rejection`]; the upstream is called at most once and only for requests that
+//! passed the guard (the pooled clients never retry).
+
+mod body;
+mod request;
+mod rewrite;
+mod upstream;
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+
+pub use body::{Aborted, BodyError, RequestBody, Tracked};
+
+use self::body::InflightGuard;
+use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host, token_alias};
+use self::rewrite::{prepare, strip_hop_by_hop, Forward};
+use self::upstream::Upstream;
+use crate::admission::{Admission, Refused, Resource};
+use crate::config::{Config, GetBodies, MissingToken, OtherMethods, RouteSettings};
+use crate::drain::Ticket;
+use crate::metrics::{Metrics, Outcome, Outcomes, RouteMetrics};
+use crate::path::{self, PathError};
+use crate::reject::{Context, Rejection};
+use crate::token::{self, FencingToken};
+
+/// How long an aborted request's upstream exchange is kept alive so that it ends with an error
+/// reset rather than a cancel (see `handle`).
+const ABORT_HOLD: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The body palisade answers with: the upstream's, streamed, or its own rejection.
+pub type ProxyBody = Either<Tracked, Full<Bytes>>;
+
+/// The reverse proxy's shared state: routes, upstream clients and admission.
+pub struct Proxy {
+    routes: Vec<Route>,
+    upstreams: Vec<Upstream>,
+    header: HeaderName,
+    require_nfkc_paths: bool,
+    admission: Arc<Admission>,
+    // Requests that never matched a route count under route="".
+    unrouted: Outcomes,
+}
+
+struct Route {
+    settings: RouteSettings,
+    resource: Option<Arc<Resource>>,
+    metrics: RouteMetrics,
+    /// The `Allow` header of a 405 (`other_methods = "reject"`).
+    allow: Option<HeaderValue>,
+}
+
+/// Which route, if any, takes a request.
+enum Routed<'a> {
+    To(&'a Route),
+    /// The path matched a route that refuses methods it does not list.
+    MethodNotAllowed(&'a Route),
+    Nowhere,
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy")
+            .field(
+                "routes",
+                &self
+                    .routes
+                    .iter()
+                    .map(|r| &r.settings.name)
+                    .collect::<Vec<_>>(),
+            )
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Proxy {
+    /// Builds the proxy for `config`. Every guarded route's resource must be in `admission`.
+    ///
+    /// # Panics
+    /// If a guarded route's resource is missing from `admission` (a wiring bug, not bad input).
+    pub fn new(config: &Config, admission: Arc<Admission>, metrics: &Metrics) -> Self {
+        let upstreams = config.upstreams.iter().map(Upstream::new).collect();
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| Route {
+                settings: r.clone(),
+                resource: r.guard.then(|| {
+                    admission
+                        .resource(&r.resource)
+                        .expect("every guarded resource is loaded")
+                }),
+                metrics: metrics.route(&r.name, r.guard.then_some(r.resource.as_str())),
+                allow: r.methods.as_ref().and_then(|ms| {
+                    let list: Vec<&str> = ms.iter().map(Method::as_str).collect();
+                    HeaderValue::from_str(&list.join(", ")).ok()
+                }),
+            })
+            .collect();
+        Self {
+            routes,
+            upstreams,
+            header: config.fencing.header.clone(),
+            require_nfkc_paths: config.proxy.require_nfkc_paths,
+            admission,
+            unrouted: metrics.outcomes(""),
+        }
+    }
+
+    /// Handles one request from `peer`. Never fails: refusals are responses.
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let grpc = grpc_content_type(req.headers());
+
+        let normalized = match path::normalize(req.uri().path()) {
+            Ok(p) if self.require_nfkc_paths && !path::is_nfkc(&p) => Err(PathError::NotNfkc),
+            r => r,
+        };
+        let normalized = match normalized {
+            Ok(p) => p,
+            Err(e) => {
+                return self.refuse_unrouted(
+                    Rejection::BadPath(Box::new(e)),
+                    Outcome::Malformed,
+                    grpc,
+                    peer,
+                    &req,
+                )
+            }
+        };
+        let host = match request_host(&req) {
+            Ok(h) => h,
+            Err(why) => {
+                return self.refuse_unrouted(
+                    Rejection::BadRequest(why),
+                    Outcome::Malformed,
+                    grpc,
+                    peer,
+                    &req,
+                )
+            }
+        };
+        let route = match self.route(req.method(), host.host, &path::match_key(&normalized)) {
+            Routed::To(r) => r,
+            Routed::MethodNotAllowed(r) => {
+                let allow = r.allow.clone();
+                let mut resp = self.refuse(
+                    r,
+                    Rejection::MethodNotAllowed,
+                    Outcome::MethodNotAllowed,
+                    None,
+                    grpc,
+                    peer,
+                    started,
+                );
+                if let Some(a) = allow {
+                    resp.headers_mut().insert(http::header::ALLOW, a);
+                }
+                return resp;
+            }
+            Routed::Nowhere => {
+                return self.refuse_unrouted(Rejection::NoRoute, Outcome::NoRoute, grpc, peer, &req)
+            }
+        };
+        // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
+        // the next request on its connection, a request palisade never checked.
+        let close_upstream = is_bodiless_method(req.method()) && has_body(&req);
+        if close_upstream && route.settings.get_bodies == GetBodies::Reject {
+            let why = Rejection::BadRequest(
+                "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
+            );
+            let mut resp = self.refuse(route, why, Outcome::Malformed, None, grpc, peer, started);
+            // The unread body must not be parsed as this connection's next request either.
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
+        // Routing judged the host without a trailing dot; the upstream must see the same.
+        let normalized_host = host.trailing_dot.then(|| match host.port {
+            Some(p) => format!("{}:{p}", host.host),
+            None => host.host.to_owned(),
+        });
+        let rewritten = match normalized {
+            Cow::Owned(p) => Some(p),
+            Cow::Borrowed(_) => None,
+        };
+        let m = &route.metrics;
+        let inflight = InflightGuard::new(&m.inflight);
+
+        let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
+            Ok(admitted) => admitted,
+            Err((rejection, outcome, token)) => {
+                return self.refuse(route, rejection, outcome, token, grpc, peer, started)
+            }
+        };
+
+        let upstream = &self.upstreams[route.settings.upstream];
+        // The request body and the response each hold a half of the drain ticket: the exchange
+        // counts as in flight until both are over.
+        let (ticket, body_ticket) = match ticket.map(Ticket::split) {
+            Some((response, body)) => (Some(response), Some(body)),
+            None => (None, None),
+        };
+        let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
+        let req = prepare(
+            req,
+            Forward {
+                route: &route.settings,
+                token_header: &self.header,
+                upstream,
+                rewritten_path: rewritten,
+                normalized_host,
+                peer,
+                close: close_upstream,
+                ticket: body_ticket,
+            },
+        );
+        // The pooled client's future is `Unpin` and owns everything: an aborted request can hand
+        // it to a task of its own (see below).
+        let mut pending = upstream.client.request(req);
+        let response_timeout = upstream.settings.response_timeout;
+        let call = async {
+            match response_timeout {
+                Some(limit) => match tokio::time::timeout(limit, &mut pending).await {
+                    Ok(r) => r.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
+                    Err(_) => Err(Rejection::UpstreamTimeout(limit)),
+                },
+                None => (&mut pending)
+                    .await
+                    .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
+            }
+        };
+        // A newer owner's drain that runs out of time aborts this request and the client gets
+        // 409. The abort is polled first: it also fails the request body, which can end `call`
+        // with an upstream error in the same wake-up, and that must not turn the 409 into a 502.
+        let result = match &aborted {
+            None => call.await,
+            Some(generation) => {
+                let answered = tokio::select! {
+                    biased;
+                    () = generation.aborted() => None,
+                    r = call => Some(r),
+                };
+                match answered {
+                    Some(r) => r,
+                    None => {
+                        // The request body fails at its next poll, which resets the upstream
+                        // HTTP/2 stream with INTERNAL_ERROR (HTTP/1.1: closes the connection
+                        // mid-body). Dropping the response future before that would make hyper
+                        // reset the stream with CANCEL instead, which a tonic server takes for
+                        // the clean end of a client stream: the upstream would apply a partial
+                        // write. So the future lives on in its own task until the body has
+                        // failed (the call then ends). An HTTP/2 upstream that grants no send
+                        // window never lets hyper poll the body again; the future is kept for
+                        // ABORT_HOLD in that case, then dropped.
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(ABORT_HOLD, pending).await;
+                        });
+                        return self.aborted(route, token, grpc, peer, started);
+                    }
+                }
+            }
+        };
+        m.duration.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(resp) => {
+                m.count(outcome);
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers, &self.header);
+                Response::from_parts(
+                    parts,
+                    Either::Left(Tracked {
+                        inner: body,
+                        _inflight: inflight,
+                        flight: ticket.map(body::InFlight::new),
+                    }),
+                )
+            }
+            Err(rejection) => {
+                m.count(Outcome::UpstreamError);
+                tracing::warn!(
+                    route = %route.settings.name,
+                    upstream = %upstream.settings.name,
+                    peer = %peer,
+                    error = %rejection,
+                    "upstream request failed"
+                );
+                let ctx = Context {
+                    route: Some(&route.settings.name),
+                    resource: route.resource.as_deref().map(Resource::name),
+                    token,
+                };
+                rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
+            }
+        }
+    }
+
+    /// Answers a request that a newer owner's drain aborted before its response started.
+    fn aborted(
+        &self,
+        route: &Route,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        let m = &route.metrics;
+        let resource = route.resource.as_deref();
+        if let Some(c) = &m.stale {
+            c.inc();
+        }
+        m.count(Outcome::Stale);
+        m.duration.observe(started.elapsed().as_secs_f64());
+        let stale = Rejection::Stale {
+            token: token.unwrap_or_default(),
+            mark: resource.map_or(0, Resource::mark),
+        };
+        tracing::info!(
+            route = %route.settings.name,
+            resource = resource.map(Resource::name),
+            token,
+            peer = %peer,
+            "in-flight request aborted by a newer owner's drain"
+        );
+        let ctx = Context {
+            route: Some(&route.settings.name),
+            resource: resource.map(Resource::name),
+            token,
+        };
+        stale.respond(ctx, grpc.as_ref()).map(Either::Right)
+    }
+
+    /// Refuses a request that matched `route`: logged, counted, answered from the table.
+    #[allow(clippy::too_many_arguments)]
+    fn refuse(
+        &self,
+        route: &Route,
+        rejection: Rejection,
+        outcome: Outcome,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        let resource = route.resource.as_deref();
+        tracing::info!(
+            route = %route.settings.name,
+            resource = resource.map(Resource::name),
+            token,
+            mark = resource.map(Resource::mark),
+            peer = %peer,
+            reason = %rejection,
+            "request refused"
+        );
+        route.metrics.count(outcome);
+        route
+            .metrics
+            .duration
+            .observe(started.elapsed().as_secs_f64());
+        let ctx = Context {
+            route: Some(&route.settings.name),
+            resource: resource.map(Resource::name),
+            token,
+        };
+        rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
+    }
+
+    /// The token check of a matched route: `Ok((outcome, token))` to forward, or the refusal.
+    async fn fence(
+        &self,
+        route: &Route,
+        headers: &HeaderMap,
+    ) -> Result<(Outcome, Option<u64>, Option<Ticket>), (Rejection, Outcome, Option<u64>)> {
+        let Some(resource) = &route.resource else {
+            return Ok((Outcome::Passthrough, None, None));
+        };
+        if token_alias(headers, &self.header).is_some() {
+            return Err((Rejection::TokenAlias, Outcome::Malformed, None));
+        }
+        let t: FencingToken = match token::from_headers(headers, &self.header) {
+            Ok(Some(t)) if route.settings.max_token.is_some_and(|max| t.get() > max) => {
+                let max = route.settings.max_token.unwrap_or(u64::MAX);
+                return Err((
+                    Rejection::AboveMaxToken {
+                        token: t.get(),
+                        max,
+                    },
+                    Outcome::Malformed,
+                    Some(t.get()),
+                ));
+            }
+            Ok(Some(t)) => t,
+            Ok(None) if route.settings.missing_token == MissingToken::Allow => {
+                return Ok((Outcome::Missing, None, None))
+            }
+            Ok(None) => return Err((Rejection::MissingToken, Outcome::Missing, None)),
+            Err(e) => return Err((Rejection::MalformedToken(e), Outcome::Malformed, None)),
+        };
+        match self
+            .admission
+            .admit(resource, t, route.settings.drain_timeout)
+            .await
+        {
+            Ok((_, ticket)) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
+            Err(Refused::Stale { mark, .. }) => {
+                if let Some(c) = &route.metrics.stale {
+                    c.inc();
+                }
+                Err((
+                    Rejection::Stale {
+                        token: t.get(),
+                        mark,
+                    },
+                    Outcome::Stale,
+                    Some(t.get()),
+                ))
+            }
+            Err(Refused::Unavailable { source, .. }) => {
+                tracing::error!(
+                    route = %route.settings.name,
+                    resource = %resource.name(),
+                    token = t.get(),
+                    error = %source,
+                    "mark store cannot persist; refusing the advance"
+                );
+                Err((
+                    Rejection::StoreUnavailable,
+                    Outcome::Unavailable,
+                    Some(t.get()),
+                ))
+            }
+        }
+    }
+
+    fn route(&self, method: &Method, host: &str, key: &str) -> Routed<'_> {
+        let method = method.as_str();
+        for r in &self.routes {
+            let s = &r.settings;
+            let place = s
+                .host
+                .as_deref()
+                .is_none_or(|h| host.eq_ignore_ascii_case(h))
+                && s.path.matches(key);
+            if !place {
+                continue;
+            }
+            // Methods match whatever their case: a legacy upstream may treat `post` as POST,
+            // so a lower-case spelling must not slip past a guarded route.
+            let listed = s
+                .methods
+                .as_ref()
+                .is_none_or(|ms| ms.iter().any(|m| m.as_str().eq_ignore_ascii_case(method)));
+            if listed {
+                return Routed::To(r);
+            }
+            if s.other_methods == OtherMethods::Reject {
+                return Routed::MethodNotAllowed(r);
+            }
+        }
+        Routed::Nowhere
+    }
+
+    fn refuse_unrouted(
+        &self,
+        rejection: Rejection,
+        outcome: Outcome,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        req: &Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
+        self.unrouted.count(outcome);
+        rejection
+            .respond(Context::default(), grpc.as_ref())
+            .map(Either::Right)
+    }
+}
+
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
