@@ -29,7 +29,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::Limits;
@@ -41,7 +41,7 @@ const GOAWAY_GRACE: Duration = Duration::from_secs(1);
 
 /// What the watchdog knows of one connection. Shared by the I/O wrapper, the service and the
 /// watchdog; every field is an independent fact, so `Relaxed` orderings suffice (the
-/// watchdog re-reads them whenever it wakes, and `Notify` provides the wake-up edge).
+/// watchdog re-reads them whenever its timer fires).
 #[derive(Debug)]
 pub(super) struct State {
     accepted: Instant,
@@ -51,8 +51,6 @@ pub(super) struct State {
     started: AtomicBool,
     /// Nanoseconds after `accepted` at which the connection last became idle.
     idle_since: AtomicU64,
-    /// Woken when `active` drops to 0 or the preface completes.
-    changed: Notify,
 }
 
 impl State {
@@ -62,7 +60,6 @@ impl State {
             active: AtomicUsize::new(0),
             started: AtomicBool::new(false),
             idle_since: AtomicU64::new(0),
-            changed: Notify::new(),
         })
     }
 
@@ -76,7 +73,6 @@ impl State {
     fn mark_idle(&self) {
         let nanos = u64::try_from(self.accepted.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.idle_since.store(nanos, Ordering::Relaxed);
-        self.changed.notify_one();
     }
 
     /// When the connection must be closed if nothing changes, and why; `None` while busy.
@@ -263,28 +259,26 @@ pub(super) struct Watch {
 
 impl Watch {
     /// Drives `conn` to its end, shutting it down when a limit passes or the server stops.
+    ///
+    /// One timer per connection, re-armed only when it fires: requests starting and ending
+    /// never wake the watchdog. When it fires it reads the state again; a connection that was
+    /// busy is checked again one `idle_timeout` later, which is never after its real deadline
+    /// (that is at least `idle_timeout` after the busy spell ends).
     pub(super) async fn drive<C>(mut self, conn: C)
     where
         C: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
             + GracefulShutdown,
     {
         tokio::pin!(conn);
+        let first = self
+            .state
+            .deadline(&self.limits)
+            .map_or_else(|| Instant::now() + self.limits.idle_timeout, |(at, _)| at);
+        let timer = tokio::time::sleep_until(first);
+        tokio::pin!(timer);
         // Set once a graceful shutdown began: the connection is dropped at this instant.
         let mut hard_stop: Option<Instant> = None;
         loop {
-            let deadline = match hard_stop {
-                Some(at) => Some((at, None)),
-                None => self
-                    .state
-                    .deadline(&self.limits)
-                    .map(|(at, r)| (at, Some(r))),
-            };
-            let sleep = async {
-                match deadline {
-                    Some((at, _)) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
             tokio::select! {
                 res = conn.as_mut() => {
                     if let Err(e) = res {
@@ -292,38 +286,42 @@ impl Watch {
                     }
                     return;
                 }
-                () = self.state.changed.notified() => {}
                 changed = self.stopping.changed(), if hard_stop.is_none() => {
                     if changed.is_err() || *self.stopping.borrow() {
                         conn.as_mut().shutdown_gracefully();
                         // The server's own grace period bounds this connection from here.
-                        hard_stop = Some(Instant::now() + self.limits.grace);
+                        let at = Instant::now() + self.limits.grace;
+                        hard_stop = Some(at);
+                        timer.as_mut().reset(at);
                     }
                 }
-                () = sleep => {
-                    let Some((at, reason)) = deadline else { continue };
-                    let Some(reason) = reason else {
+                () = timer.as_mut() => {
+                    let now = Instant::now();
+                    if hard_stop.is_some_and(|at| now >= at) {
                         return; // the graceful shutdown took too long
-                    };
-                    // The state may have changed since the deadline was computed.
-                    if self.state.deadline(&self.limits).is_none_or(|(now_at, _)| now_at > at) {
+                    }
+                    if hard_stop.is_some() {
                         continue;
                     }
-                    match reason {
-                        Reason::HeaderRead => {
+                    match self.state.deadline(&self.limits) {
+                        None => timer.as_mut().reset(now + self.limits.idle_timeout),
+                        Some((at, _)) if at > now => timer.as_mut().reset(at),
+                        Some((_, Reason::HeaderRead)) => {
                             if let Some(m) = &self.metrics {
                                 m.header_timeout.inc();
                             }
                             tracing::debug!(peer = %self.peer, "no complete request head in time; closing");
                             return;
                         }
-                        Reason::Idle => {
+                        Some((_, Reason::Idle)) => {
                             if let Some(m) = &self.metrics {
                                 m.idle_timeout.inc();
                             }
                             tracing::debug!(peer = %self.peer, "connection idle; closing");
                             conn.as_mut().shutdown_gracefully();
-                            hard_stop = Some(Instant::now() + GOAWAY_GRACE);
+                            let at = now + GOAWAY_GRACE;
+                            hard_stop = Some(at);
+                            timer.as_mut().reset(at);
                         }
                     }
                 }
