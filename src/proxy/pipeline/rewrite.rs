@@ -40,13 +40,22 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     // both (see `crate::host`), so `api.example.com.` cannot be routed as one host and served
     // as another.
     let normalized_host = f.normalized_host;
-    let client_authority = match &normalized_host {
-        Some(h) => http::uri::Authority::try_from(h.as_str()).ok(),
-        None => parts
-            .headers
-            .get(header::HOST)
-            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
-            .or_else(|| parts.uri.authority().cloned()),
+    // Parsed only where it is used (h2c's :authority, or a Host to fill in): HTTP/1.1 requests
+    // with a Host of their own skip it.
+    let needs_authority = settings.protocol == Protocol::H2c
+        || normalized_host.is_some()
+        || !parts.headers.contains_key(header::HOST);
+    let client_authority = if !needs_authority {
+        None
+    } else {
+        match &normalized_host {
+            Some(h) => http::uri::Authority::try_from(h.as_str()).ok(),
+            None => parts
+                .headers
+                .get(header::HOST)
+                .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+                .or_else(|| parts.uri.authority().cloned()),
+        }
     };
     let mut uri = http::uri::Parts::default();
     uri.scheme = Some(settings.scheme.clone());
