@@ -13,8 +13,8 @@
 //!
 //! Each resource has a current [`Generation`]: the mark it was created for, a count of the
 //! requests admitted under it that are still in flight, and a `ready` flag. An equal-token
-//! request enters the current generation (one `SeqCst` increment, then a re-check that the
-//! generation is still current); its [`Ticket`] leaves it when dropped, which the proxy does
+//! request enters the current generation (one `SeqCst` increment on this thread's shard of
+//! its count, then a check that it was not superseded); its [`Ticket`] leaves it when dropped, which the proxy does
 //! once the upstream exchange is over (request body sent or abandoned, response ended).
 //!
 //! An advance to `t` (serialized per resource, after the mark is durable) installs a new
@@ -25,14 +25,15 @@
 //! then is the new generation ready: the advancing request and every equal-token request that
 //! arrived meanwhile go upstream after the drain.
 //!
-//! The increment-then-recheck on the request side and the swap-then-read on the advance side
-//! are the two halves of a store-buffer (Dekker) pattern: with `SeqCst` on both, either the
-//! advance sees the request's increment and waits for it, or the request sees the new
-//! generation and is judged again (stale).
+//! The count-then-check-`superseded` on the request side and the set-`superseded`-then-sum
+//! on the advance side are the two halves of a store-buffer (Dekker) pattern: with `SeqCst`
+//! on both, either the advance sees the request's count and waits for it, or the request sees
+//! that its generation was superseded and is judged again (stale). A shard read as 0 after
+//! `superseded` was set stays 0 for good: a later count on it backs out at once.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -48,7 +49,10 @@ pub const ABORT_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Generation {
     token: u64,
-    inflight: AtomicU64,
+    /// Requests in flight, spread over shards so that threads admitting equal tokens do not
+    /// all contend on one cache line; a ticket gives its count back to the shard it took it
+    /// from, so every shard stays non-negative and their sum is the number in flight.
+    inflight: [Shard; SHARDS],
     /// Set once the previous generation has drained (or was aborted).
     ready: AtomicBool,
     ready_notify: Notify,
@@ -63,7 +67,7 @@ impl Generation {
     fn new(token: u64, ready: bool) -> Self {
         Self {
             token,
-            inflight: AtomicU64::new(0),
+            inflight: Default::default(),
             ready: AtomicBool::new(ready),
             ready_notify: Notify::new(),
             superseded: AtomicBool::new(false),
@@ -71,6 +75,12 @@ impl Generation {
             aborted: AtomicBool::new(false),
             abort_notify: Notify::new(),
         }
+    }
+
+    /// How many requests are in flight (a snapshot; see the module docs for why a zero read
+    /// after `superseded` is set stays zero).
+    fn in_flight(&self) -> u64 {
+        self.inflight.iter().map(|s| s.0.load(SeqCst)).sum()
     }
 
     /// Whether this generation's requests were aborted.
@@ -109,11 +119,11 @@ impl Generation {
             let n = self.drained.notified();
             tokio::pin!(n);
             n.as_mut().enable();
-            if self.inflight.load(SeqCst) == 0 {
+            if self.in_flight() == 0 {
                 return true;
             }
             if tokio::time::timeout_at(deadline, n).await.is_err() {
-                return self.inflight.load(SeqCst) == 0;
+                return self.in_flight() == 0;
             }
         }
     }
@@ -131,29 +141,61 @@ enum Hold {
     Half(Arc<Counted>),
 }
 
+/// How many shards a generation's in-flight count is spread over.
+const SHARDS: usize = 8;
+
+/// One shard, alone on its cache line.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Shard(AtomicU64);
+
+/// The shard this thread counts in.
+fn shard_index() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        // Relaxed: any spread of threads over shards is correct, this only spreads them.
+        static SHARD: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
+    }
+    SHARD.with(|s| *s)
+}
+
 /// One count in a generation's in-flight requests, given back when dropped.
 #[derive(Debug)]
-struct Counted(Arc<Generation>);
+struct Counted {
+    generation: Arc<Generation>,
+    shard: usize,
+}
+
+impl Counted {
+    /// Takes a count in `generation` on this thread's shard.
+    fn take(generation: Arc<Generation>) -> Self {
+        let shard = shard_index();
+        generation.inflight[shard].0.fetch_add(1, SeqCst);
+        Self { generation, shard }
+    }
+}
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        if self.0.inflight.fetch_sub(1, SeqCst) == 1 && self.0.superseded.load(SeqCst) {
-            self.0.drained.notify_waiters();
+        let g = &self.generation;
+        g.inflight[self.shard].0.fetch_sub(1, SeqCst);
+        // Only a drain waits; summing the shards is for that rare case.
+        if g.superseded.load(SeqCst) && g.in_flight() == 0 {
+            g.drained.notify_waiters();
         }
     }
 }
 
 impl Ticket {
-    /// A ticket for a count already added to `generation`.
-    fn whole(generation: Arc<Generation>) -> Self {
-        Ticket(Hold::Whole(Counted(generation)))
+    fn whole(counted: Counted) -> Self {
+        Ticket(Hold::Whole(counted))
     }
 
     /// The generation this ticket counts in.
     pub fn generation(&self) -> &Arc<Generation> {
         match &self.0 {
-            Hold::Whole(c) => &c.0,
-            Hold::Half(c) => &c.0,
+            Hold::Whole(c) => &c.generation,
+            Hold::Half(c) => &c.generation,
         }
     }
 
@@ -267,17 +309,18 @@ impl Drain {
             // again is always safe.
             return Entry::Retry;
         }
-        g.inflight.fetch_add(1, SeqCst);
-        fence(SeqCst);
-        if !Arc::ptr_eq(&self.current.load(), &g) {
-            drop(Counted(g));
+        // The count, then `superseded`: the other half of `install`'s store-then-count.
+        let counted = Counted::take(g);
+        let g = &counted.generation;
+        if g.superseded.load(SeqCst) {
             return Entry::Retry;
         }
         if !g.ready.load(SeqCst) {
-            drop(Counted(Arc::clone(&g)));
+            let g = Arc::clone(g);
+            drop(counted);
             return Entry::NotReady(g);
         }
-        Entry::Entered(Ticket::whole(g))
+        Entry::Entered(Ticket::whole(counted))
     }
 
     /// Waits until `generation` is ready (its predecessor drained).
@@ -290,11 +333,12 @@ impl Drain {
     /// after `token` is durable and before it is published.
     pub fn install(&self, token: u64) -> (Ticket, Arc<Generation>) {
         let next = Arc::new(Generation::new(token, false));
-        next.inflight.fetch_add(1, SeqCst);
-        let old = self.current.swap(Arc::clone(&next));
+        let counted = Counted::take(Arc::clone(&next));
+        let old = self.current.swap(next);
+        // `superseded`, then the count (read by `finish`): with `enter`'s count-then-
+        // `superseded`, every request either sees this flag or is counted below.
         old.superseded.store(true, SeqCst);
-        fence(SeqCst);
-        (Ticket::whole(next), old)
+        (Ticket::whole(counted), old)
     }
 
     /// Waits for `old`'s requests for at most `timeout`, aborts the rest, and then makes the
@@ -303,12 +347,12 @@ impl Drain {
         let started = Instant::now();
         let mut aborted = 0;
         if !old.wait_drained(started + timeout).await {
-            aborted = old.inflight.load(SeqCst);
+            aborted = old.in_flight();
             old.aborted.store(true, SeqCst);
             old.abort_notify.notify_waiters();
             if !old.wait_drained(Instant::now() + ABORT_GRACE).await {
                 tracing::error!(
-                    left = old.inflight.load(SeqCst),
+                    left = old.in_flight(),
                     "aborted requests did not end within the abort grace; going on: none of \
                      them can send more body bytes"
                 );
