@@ -46,7 +46,8 @@ pub(crate) async fn at_most_n_holders_each_slot_with_strictly_increasing_tokens(
                     .entry(p.slot())
                     .or_default()
                     .push(p.token().get());
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                // Longer than a handoff, so that all slots are busy at once.
+                tokio::time::sleep(Duration::from_millis(40)).await;
                 holders.fetch_sub(1, Ordering::SeqCst);
                 busy[p.slot() as usize].store(false, Ordering::SeqCst);
                 p.release().await.unwrap();
@@ -61,7 +62,7 @@ pub(crate) async fn at_most_n_holders_each_slot_with_strictly_increasing_tokens(
         PERMITS as usize,
         "all slots were used at once"
     );
-    let order = order.lock().unwrap();
+    let order = order.lock().unwrap().clone();
     assert_eq!(order.values().map(Vec::len).sum::<usize>(), 96);
     let mut all: Vec<u64> = order.values().flatten().copied().collect();
     all.sort_unstable();

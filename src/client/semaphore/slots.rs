@@ -211,7 +211,7 @@ mod tests {
     fn the_lowest_unheld_slot_below_the_count_is_free() {
         let p = Primitive {
             name: "s".into(),
-            path: "/ns/semaphore/s".into(),
+            path: "/ns/semaphore/jobs".into(),
         };
         let kv = |k: &str| Kv {
             key: k.into(),
@@ -226,15 +226,18 @@ mod tests {
             responses: vec![OpResponse::Range(keys.iter().copied().map(kv).collect())],
         };
         assert_eq!(free_slot(&p, &r(&[]), 0, 3), Some(0));
-        let some = r(&["/ns/semaphore/s/0", "/ns/semaphore/s/2"]);
+        let some = r(&["/ns/semaphore/jobs/s/0", "/ns/semaphore/jobs/s/2"]);
         assert_eq!(free_slot(&p, &some, 0, 3), Some(1));
         let all = r(&[
-            "/ns/semaphore/s/0",
-            "/ns/semaphore/s/1",
-            "/ns/semaphore/s/2",
+            "/ns/semaphore/jobs/s/0",
+            "/ns/semaphore/jobs/s/1",
+            "/ns/semaphore/jobs/s/2",
         ]);
         assert_eq!(free_slot(&p, &all, 0, 3), None);
         // A slot beyond the count (another count used before) never counts as free.
-        assert_eq!(free_slot(&p, &r(&["/ns/semaphore/s/9"]), 0, 1), Some(0));
+        assert_eq!(
+            free_slot(&p, &r(&["/ns/semaphore/jobs/s/9"]), 0, 1),
+            Some(0)
+        );
     }
 }
