@@ -9,9 +9,9 @@
 //!
 //! The folders are the three parties of the fencing contract:
 //!
-//! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`] and
-//!   [`election`] on etcd (feature `etcd`) or in memory ([`provider`]), each handing out
-//!   tokens, and [`transport`] to stamp them on requests. Always built.
+//! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`],
+//!   [`election`] and [`semaphore`] on etcd (feature `etcd`) or in memory ([`provider`]), each
+//!   handing out tokens, and [`transport`] to stamp them on requests. Always built.
 //! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
@@ -41,7 +41,7 @@ pub mod proxy;
 pub mod token;
 
 pub(crate) use client::queue;
-pub use client::{election, error, lock, provider, rwlock, session, transport};
+pub use client::{election, error, lock, provider, rwlock, semaphore, session, transport};
 #[cfg(feature = "layer")]
 pub use fence::layer;
 #[cfg(feature = "fence")]
@@ -69,5 +69,6 @@ pub use metrics::Metrics;
 pub use provider::memory::MemoryProvider;
 pub use provider::Provider;
 pub use rwlock::{Mode, RwGrant, RwLockService};
+pub use semaphore::{Permit, SemaphoreService};
 pub use session::{Loss, LossSignal, Session, SessionOptions, SessionState};
 pub use token::FencingToken;

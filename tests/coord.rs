@@ -1,6 +1,6 @@
-//! Behaviour of sessions, locks, read/write locks and elections: one suite, run against the
-//! in-memory provider and against a real etcd process started on free ports. Tests that need a
-//! real process crash (SIGSTOP, SIGKILL) run against etcd only.
+//! Behaviour of sessions, locks, read/write locks, elections and semaphores: one suite, run
+//! against the in-memory provider and against a real etcd process started on free ports. Tests
+//! that need a real process crash (SIGSTOP, SIGKILL) run against etcd only.
 
 #[path = "coord/defects.rs"]
 mod defects;
@@ -10,6 +10,8 @@ mod etcd;
 mod gaps;
 #[path = "support/netcut.rs"]
 mod netcut;
+#[path = "coord/semaphore.rs"]
+mod semaphore;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -157,6 +159,14 @@ mod suite {
     };
     pub(crate) use super::gaps::{
         a_restarted_leader_resumes_its_term_with_its_token, terms_carry_the_leaders_identity,
+    };
+    pub(crate) use super::semaphore::{
+        a_cancelled_acquire_leaves_no_key_and_can_queue_again,
+        an_expired_holder_frees_only_its_slot_and_the_next_holder_outranks_it,
+        at_most_n_holders_each_slot_with_strictly_increasing_tokens,
+        permit_counts_must_agree_and_bad_input_is_an_error,
+        release_is_fenced_and_a_deleted_slot_fires_the_loss_signal,
+        try_acquire_takes_free_slots_and_leaves_nothing_when_it_fails,
     };
 
     pub(crate) async fn mutual_exclusion_with_tokens_in_acquisition_order(fx: &Fx) {
@@ -755,6 +765,12 @@ both_providers!(
     a_lease_revoked_elsewhere_is_a_lost_session_at_once,
     terms_carry_the_leaders_identity,
     a_restarted_leader_resumes_its_term_with_its_token,
+    at_most_n_holders_each_slot_with_strictly_increasing_tokens,
+    an_expired_holder_frees_only_its_slot_and_the_next_holder_outranks_it,
+    try_acquire_takes_free_slots_and_leaves_nothing_when_it_fails,
+    a_cancelled_acquire_leaves_no_key_and_can_queue_again,
+    permit_counts_must_agree_and_bad_input_is_an_error,
+    release_is_fenced_and_a_deleted_slot_fires_the_loss_signal,
 );
 
 /// Real process crashes, against etcd only: the holder is `examples/lock.rs` or

@@ -69,15 +69,29 @@ pub enum Error {
     /// its first 64 bytes and its length, so messages stay short.
     #[error("invalid name {0:?}: must be 1 to {max} bytes", max = crate::session::MAX_NAME_BYTES)]
     InvalidName(String),
-    /// A namespace with a `lock`, `rwlock` or `election` segment could nest inside another
+    /// A namespace with a `lock`, `rwlock`, `election` or `semaphore` segment could nest inside another
     /// namespace's primitive (`/ns` and `/ns/lock/a/q`) and collide with it. Holds the
     /// namespace, shortened like [`Error::InvalidName`].
-    #[error("invalid namespace {0:?}: no segment may be lock, rwlock or election")]
+    #[error("invalid namespace {0:?}: no segment may be lock, rwlock, election or semaphore")]
     InvalidNamespace(String),
     /// TTLs must be 1 s (etcd counts leases in whole seconds) up to
     /// [`crate::session::MAX_TTL`] (etcd's maximum).
     #[error("invalid TTL {0:?}: must be from 1 s to 9000000000 s")]
     InvalidTtl(Duration),
+    /// A semaphore needs 1..=[`crate::semaphore::MAX_PERMITS`] permits.
+    #[error("invalid permit count {0}: must be from 1 to {max}", max = crate::semaphore::MAX_PERMITS)]
+    InvalidPermits(u32),
+    /// The semaphore was created with another permit count: every contender must ask for
+    /// the same number, or more holders than intended could hold it at once.
+    #[error("{name}: the semaphore has {stored} permits, not {asked}")]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The count stored when the semaphore was first used.
+        stored: u32,
+        /// The count this call asked for.
+        asked: u32,
+    },
     /// The provider's store failed.
     #[error("{op}: {source}")]
     Store {

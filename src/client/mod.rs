@@ -1,6 +1,6 @@
-//! The owner's side: sessions (leases kept alive), and the lock, read/write lock and election
-//! primitives that hand out fencing tokens, on etcd or in memory, plus the helpers that stamp
-//! a token on outgoing requests.
+//! The owner's side: sessions (leases kept alive), and the lock, read/write lock, election and
+//! semaphore primitives that hand out fencing tokens, on etcd or in memory, plus the helpers
+//! that stamp a token on outgoing requests.
 
 pub mod election;
 pub mod error;
@@ -8,5 +8,6 @@ pub mod lock;
 pub mod provider;
 pub(crate) mod queue;
 pub mod rwlock;
+pub mod semaphore;
 pub mod session;
 pub mod transport;

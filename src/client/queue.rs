@@ -109,6 +109,9 @@ pub(crate) struct Pending {
     key: String,
     incarnation: Option<Incarnation>,
     claim: Option<Claim>,
+    /// A key this acquisition may have written besides its entry (a semaphore slot) and the
+    /// value that marks it as ours: cleaned up with the entry.
+    also: Option<(String, Vec<u8>)>,
 }
 
 impl Pending {
@@ -118,7 +121,21 @@ impl Pending {
             key,
             incarnation: None,
             claim: Some(claim),
+            also: None,
         }
+    }
+
+    /// Arms the cleanup of `key` (deleted only while it still holds `value`) before a request
+    /// that may write it is sent: if the answer is lost, the key is still removed.
+    pub(crate) fn also_clean(&mut self, key: String, value: Vec<u8>) {
+        self.also = Some((key, value));
+    }
+
+    /// The acquisition's entry is now `to` (a semaphore's waiter moved into its slot): the
+    /// grant owns `to`, and a cleanup deletes `to` instead of the old entry.
+    pub(crate) fn moved(&mut self, to: Incarnation) {
+        self.incarnation = Some(to);
+        self.also = None;
     }
 
     pub(crate) fn incarnation(&self) -> &Incarnation {
@@ -319,11 +336,18 @@ impl Drop for Pending {
         let session = self.session.clone();
         let key = self.key.clone();
         let incarnation = self.incarnation.take();
+        let also = self.also.take();
         self.session.spawn_cleanup(async move {
             let _claim = claim;
             match incarnation {
                 Some(i) => session.release_while_alive(&i).await,
                 None => session.release_key_while_alive(&key).await,
+            }
+            // After the entry: once it is gone, a transaction conditioned on it can no longer
+            // write this key; an unconditioned one (`try_acquire`) was sent at least the
+            // second look of `release_key_while_alive` (1 s) ago.
+            if let Some((key, value)) = also {
+                session.release_value_while_alive(&key, &value).await;
             }
         });
     }

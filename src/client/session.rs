@@ -94,7 +94,7 @@ impl SessionOptions {
     }
 
     /// Key prefix of every primitive; separate applications (and tests) use separate ones.
-    /// No segment of it may be `lock`, `rwlock` or `election` (else
+    /// No segment of it may be `lock`, `rwlock`, `election` or `semaphore` (else
     /// [`Error::InvalidNamespace`] when the session starts): such a namespace could nest
     /// inside another one's primitive and be read as its queue.
     pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
@@ -147,6 +147,7 @@ pub(crate) enum Role {
     Read,
     Write,
     Candidate,
+    Permit,
 }
 
 /// A claim in [`Inner::held`].

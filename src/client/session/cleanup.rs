@@ -183,6 +183,33 @@ impl Session {
         }
     }
 
+    /// Background cleanup of a key written on this session's behalf (a semaphore slot): deleted
+    /// only while it still holds `value`, which names this session's entry, so a key taken
+    /// since by someone else is left alone. Retried like [`Session::release_while_alive`].
+    pub(crate) async fn release_value_while_alive(&self, key: &str, value: &[u8]) {
+        let txn = Txn {
+            when: vec![Compare::ValueEq(key.to_owned(), value.to_vec())],
+            then: vec![Op::Delete {
+                key: key.to_owned(),
+            }],
+            otherwise: vec![],
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.backend().txn(txn.clone()).await {
+                Ok(_) => return,
+                Err(e) if e.is_transient() && self.state() == SessionState::Alive => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => {
+                    tracing::warn!(key = %super::naming::shorten(key), error = %e, "cleanup gave up");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Deletes the entry `incarnation` if, and only if, that exact incarnation still exists:
     /// safe to repeat, and never deletes a newer entry under the same key.
     ///

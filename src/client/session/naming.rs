@@ -16,7 +16,7 @@ pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
 /// The path segments under a namespace that hold primitives. A namespace containing one of
 /// them as a segment could nest inside another namespace's primitive (`/ns` and
 /// `/ns/lock/a/q`), and its keys would then be read as that primitive's queue entries.
-const KINDS: [&str; 3] = ["lock", "rwlock", "election"];
+const KINDS: [&str; 4] = ["lock", "rwlock", "election", "semaphore"];
 
 /// Checks a primitive name: non-empty and at most [`MAX_NAME_BYTES`].
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {

@@ -1,0 +1,243 @@
+//! The slots of a semaphore: their keys, the permit count, and how the first in line takes a
+//! free slot (see the parent module for the key layout).
+
+use std::time::Duration;
+
+use super::MAX_PERMITS;
+use crate::error::Error;
+use crate::provider::{Compare, EventKind, KeyRange, Op, Txn, TxnResponse};
+use crate::queue::{lost_error, token, Pending, Primitive};
+use crate::session::{Incarnation, Session};
+use crate::token::FencingToken;
+
+fn permits_key(p: &Primitive) -> String {
+    format!("{}/permits", p.path)
+}
+
+pub(super) fn slots(p: &Primitive) -> KeyRange {
+    KeyRange::prefix(format!("{}/s/", p.path))
+}
+
+pub(super) fn slot_key(p: &Primitive, slot: u32) -> String {
+    format!("{}/s/{slot}", p.path)
+}
+
+pub(super) fn epoch_key(p: &Primitive, slot: u32) -> String {
+    format!("{}/epoch/{slot}", p.path)
+}
+
+pub(super) fn epoch_value(entry: &str) -> Vec<u8> {
+    format!("S:{entry}").into_bytes()
+}
+
+/// The lowest slot below `permits` that no key in `held` (a range over `P/s/`) occupies.
+pub(super) fn free_slot(p: &Primitive, r: &TxnResponse, at: usize, permits: u32) -> Option<u32> {
+    let prefix = format!("{}/s/", p.path);
+    let held: Vec<u32> = r
+        .range(at)
+        .iter()
+        .filter_map(|kv| kv.key.strip_prefix(&prefix)?.parse().ok())
+        .collect();
+    (0..permits).find(|s| !held.contains(s))
+}
+
+/// Writes `P/permits` if it is missing, or checks that it says `permits`.
+pub(super) async fn check_permits(
+    session: &Session,
+    p: &Primitive,
+    permits: u32,
+) -> Result<(), Error> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::InvalidPermits(permits));
+    }
+    let key = permits_key(p);
+    let r = session
+        .backend()
+        .txn(Txn {
+            when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
+            then: vec![Op::Put {
+                key: key.clone(),
+                value: permits.to_string().into_bytes(),
+                lease: 0,
+            }],
+            otherwise: vec![Op::get(key)],
+        })
+        .await
+        .map_err(Error::store("semaphore permits"))?;
+    if r.succeeded {
+        return Ok(());
+    }
+    let stored = r
+        .range(0)
+        .first()
+        .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse().ok())
+        .unwrap_or(0);
+    if stored != permits {
+        return Err(Error::PermitsMismatch {
+            name: p.name.clone(),
+            stored,
+            asked: permits,
+        });
+    }
+    Ok(())
+}
+
+/// The first in line takes a free slot, waiting for one to be freed when all are held.
+///
+/// Reads its entry and the slots at one revision; when every slot is held, watches the queue
+/// and the slots from that revision + 1 (one range covers `P/q/` .. `P/s/`) and reads again
+/// after any slot's or its own entry's delete, so a freed slot is never missed.
+pub(super) async fn take_slot(
+    session: &Session,
+    pending: &mut Pending,
+    p: &Primitive,
+    permits: u32,
+) -> Result<(u32, FencingToken), Error> {
+    let me = pending.incarnation().clone();
+    let mut loss = session.loss_signal();
+    let slot_prefix = format!("{}/s/", p.path);
+    loop {
+        session.ensure_alive()?;
+        let read = session.backend().txn(Txn {
+            when: vec![],
+            then: vec![
+                Op::get(me.key.clone()),
+                Op::Range {
+                    range: slots(p),
+                    sort: None,
+                    limit: 0,
+                    max_create_revision: 0,
+                },
+            ],
+            otherwise: vec![],
+        });
+        let r = match read.await {
+            Ok(r) => r,
+            Err(e) if e.is_transient() => {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    _ = loss.wait() => return Err(lost_error(session)),
+                }
+            }
+            Err(e) => return Err(Error::store("read slots")(e)),
+        };
+        if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
+            session.confirm_lease().await;
+            return Err(lost_error(session));
+        }
+        if let Some(slot) = free_slot(p, &r, 1, permits) {
+            let key = slot_key(p, slot);
+            // Armed before the request: if it lands but the answer is lost, the slot is
+            // still freed.
+            pending.also_clean(key.clone(), me.key.clone().into_bytes());
+            let t = session
+                .backend()
+                .txn(Txn {
+                    when: vec![
+                        Compare::CreateRevisionEq(
+                            KeyRange::key(me.key.clone()),
+                            me.create_revision,
+                        ),
+                        Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0),
+                    ],
+                    then: vec![
+                        Op::Delete {
+                            key: me.key.clone(),
+                        },
+                        Op::Put {
+                            key: key.clone(),
+                            value: me.key.clone().into_bytes(),
+                            lease: session.lease(),
+                        },
+                        Op::Put {
+                            key: epoch_key(p, slot),
+                            value: epoch_value(&me.key),
+                            lease: 0,
+                        },
+                    ],
+                    otherwise: vec![Op::get(me.key.clone())],
+                })
+                .await
+                .map_err(Error::store("take slot"))?;
+            if t.succeeded {
+                pending.moved(Incarnation {
+                    key,
+                    create_revision: t.revision,
+                });
+                return Ok((slot, token(t.revision)));
+            }
+            // Someone took that slot first (a `try_acquire`), or our entry is gone: read again.
+            continue;
+        }
+        let range = KeyRange {
+            start: format!("{}/q/", p.path),
+            end: slots(p).end,
+        };
+        let mut events = match session.backend().watch(range, r.revision + 1).await {
+            Ok(ev) => ev,
+            Err(e) if e.is_transient() => {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    _ = loss.wait() => return Err(lost_error(session)),
+                }
+            }
+            Err(e) => return Err(Error::store("watch slots")(e)),
+        };
+        loop {
+            tokio::select! {
+                batch = events.next() => match batch {
+                    Some(Ok(batch)) => {
+                        if batch.iter().any(|e| e.kind == EventKind::Delete
+                            && (e.kv.key.starts_with(&slot_prefix) || e.kv.key == me.key))
+                        {
+                            break;
+                        }
+                    }
+                    // Broken, compacted or ended watch: read again and watch anew.
+                    Some(Err(_)) | None => break,
+                },
+                _ = loss.wait() => return Err(lost_error(session)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{Kv, OpResponse};
+
+    #[test]
+    fn the_lowest_unheld_slot_below_the_count_is_free() {
+        let p = Primitive {
+            name: "s".into(),
+            path: "/ns/semaphore/jobs".into(),
+        };
+        let kv = |k: &str| Kv {
+            key: k.into(),
+            value: vec![],
+            create_revision: 1,
+            mod_revision: 1,
+            lease: 0,
+        };
+        let r = |keys: &[&str]| TxnResponse {
+            succeeded: true,
+            revision: 1,
+            responses: vec![OpResponse::Range(keys.iter().copied().map(kv).collect())],
+        };
+        assert_eq!(free_slot(&p, &r(&[]), 0, 3), Some(0));
+        let some = r(&["/ns/semaphore/jobs/s/0", "/ns/semaphore/jobs/s/2"]);
+        assert_eq!(free_slot(&p, &some, 0, 3), Some(1));
+        let all = r(&[
+            "/ns/semaphore/jobs/s/0",
+            "/ns/semaphore/jobs/s/1",
+            "/ns/semaphore/jobs/s/2",
+        ]);
+        assert_eq!(free_slot(&p, &all, 0, 3), None);
+        // A slot beyond the count (another count used before) never counts as free.
+        assert_eq!(
+            free_slot(&p, &r(&["/ns/semaphore/jobs/s/9"]), 0, 1),
+            Some(0)
+        );
+    }
+}
