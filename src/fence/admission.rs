@@ -233,6 +233,25 @@ impl Admission {
         &*self.store
     }
 
+    /// The decision for `token` when it needs no waiting: `Some(Ok)` for an equal token on a
+    /// store this process owns whose generation is ready (the fast path, no future to poll),
+    /// `Some(Err(Stale))` below the mark, `None` when [`Admission::admit`] must decide (an
+    /// advance, a drain in progress, a shared store that confirms every admission).
+    pub fn admit_now(&self, resource: &Resource, token: FencingToken) -> Option<Result<Ticket, Refused>> {
+        if self.store.consistency() == Consistency::Linearizable {
+            return None;
+        }
+        match resource.mark.check(token) {
+            Verdict::Stale { mark } => Some(Err(Refused::Stale { token, mark })),
+            Verdict::Advance { .. } => None,
+            Verdict::Admit => match resource.drain.enter(token.get()) {
+                Entry::Entered(ticket) => Some(Ok(ticket)),
+                Entry::Stale { mark } => Some(Err(Refused::Stale { token, mark })),
+                Entry::NotReady(_) | Entry::Retry => None,
+            },
+        }
+    }
+
     /// Decides whether `resource` admits `token` (DESIGN 3), and counts the admitted request
     /// as in flight until the returned [`Ticket`] is dropped (see [`crate::drain`]).
     ///

@@ -49,8 +49,8 @@ type ResourceFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
 /// Which resource a request is for.
 #[derive(Clone)]
 enum Which {
-    /// One resource for every request.
-    Fixed(Arc<str>),
+    /// One resource for every request, resolved on first use and kept.
+    Fixed(Arc<str>, Arc<std::sync::OnceLock<Arc<Resource>>>),
     /// Chosen per request (e.g. from the path); `None` lets the request through unguarded.
     Derived(Arc<ResourceFn>),
 }
@@ -86,7 +86,7 @@ impl FenceLayer {
             settings: Arc::new(Settings {
                 admission,
                 header: HeaderName::from_static(token::DEFAULT_HEADER),
-                which: Which::Fixed(resource.into()),
+                which: Which::Fixed(resource.into(), Arc::default()),
                 missing: MissingToken::Reject,
                 drain_timeout: Duration::from_secs(2),
             }),
@@ -174,9 +174,35 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let settings = Arc::clone(&self.settings);
+        let (mut parts, body) = req.into_parts();
+        let grpc = crate::reject::grpc_content_type(&parts.headers);
+        // The equal-token path decides here, without a future of its own: the boxed future
+        // then only waits for the inner service (a small copy, no admission state).
+        match admit_now(&settings, &parts) {
+            Some(Ok(Some((token, ticket)))) => {
+                parts.extensions.insert(token);
+                let (for_body, for_response) = ticket.split();
+                let req = Request::from_parts(parts, FenceRequestBody::new(body, Some(for_body)));
+                let call = inner.call(req);
+                return Box::pin(async move {
+                    let resp = call.await?;
+                    Ok(resp.map(|b| FenceResponseBody::inner(b, Some(for_response))))
+                });
+            }
+            Some(Ok(None)) => {
+                let req = Request::from_parts(parts, FenceRequestBody::new(body, None));
+                let call = inner.call(req);
+                return Box::pin(async move {
+                    Ok(call.await?.map(|b| FenceResponseBody::inner(b, None)))
+                });
+            }
+            Some(Err(refusal)) => {
+                let resp = refuse(refusal, grpc.as_ref());
+                return Box::pin(async move { Ok(resp) });
+            }
+            None => {}
+        }
         Box::pin(async move {
-            let (mut parts, body) = req.into_parts();
-            let grpc = crate::reject::grpc_content_type(&parts.headers);
             match admit(&settings, &parts).await {
                 Ok(None) => {
                     let req = Request::from_parts(parts, FenceRequestBody::new(body, None));
@@ -191,19 +217,60 @@ where
                     let resp = inner.call(req).await?;
                     Ok(resp.map(|b| FenceResponseBody::inner(b, Some(for_response))))
                 }
-                Err((rejection, resource, token)) => {
-                    let ctx = RejectContext {
-                        route: None,
-                        resource: resource.as_deref().map(Resource::name),
-                        token,
-                    };
-                    Ok(rejection
-                        .respond(ctx, grpc.as_ref())
-                        .map(FenceResponseBody::rejected))
-                }
+                Err(refusal) => Ok(refuse(refusal, grpc.as_ref())),
             }
         })
     }
+}
+
+fn refuse<RB>(
+    (rejection, resource, token): Refusal,
+    grpc: Option<&http::HeaderValue>,
+) -> Response<FenceResponseBody<RB>> {
+    let ctx = RejectContext {
+        route: None,
+        resource: resource.as_deref().map(Resource::name),
+        token,
+    };
+    rejection
+        .respond(ctx, grpc)
+        .map(FenceResponseBody::rejected)
+}
+
+/// The synchronous part of [`admit`]: `None` when only the async path can decide.
+fn admit_now(
+    s: &Settings,
+    parts: &http::request::Parts,
+) -> Option<Result<Option<(FencingToken, crate::drain::Ticket)>, Refusal>> {
+    let resource = match &s.which {
+        Which::Fixed(_, cached) => Arc::clone(cached.get()?),
+        Which::Derived(f) => match f(parts) {
+            Some(n) => s.admission.resource(&n)?,
+            None => return Some(Ok(None)),
+        },
+    };
+    let token = match token::from_headers(&parts.headers, &s.header) {
+        Ok(Some(t)) => t,
+        Ok(None) if s.missing == MissingToken::Allow => return Some(Ok(None)),
+        Ok(None) => return Some(Err((Rejection::MissingToken, None, None))),
+        Err(e) => return Some(Err((Rejection::MalformedToken(e), None, None))),
+    };
+    Some(match s.admission.admit_now(&resource, token)? {
+        Ok(ticket) => Ok(Some((token, ticket))),
+        Err(Refused::Stale { mark, .. }) => Err((
+            Rejection::Stale {
+                token: token.get(),
+                mark,
+            },
+            Some(resource),
+            Some(token.get()),
+        )),
+        Err(Refused::Unavailable { .. }) => Err((
+            Rejection::StoreUnavailable,
+            Some(resource),
+            Some(token.get()),
+        )),
+    })
 }
 
 type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
@@ -214,10 +281,10 @@ async fn admit(
     s: &Settings,
     parts: &http::request::Parts,
 ) -> Result<Option<(FencingToken, crate::drain::Ticket)>, Refusal> {
-    let name: Arc<str> = match &s.which {
-        Which::Fixed(n) => Arc::clone(n),
+    let derived = match &s.which {
+        Which::Fixed(..) => None,
         Which::Derived(f) => match f(parts) {
-            Some(n) => n.into(),
+            Some(n) => Some(n),
             None => return Ok(None),
         },
     };
@@ -227,11 +294,22 @@ async fn admit(
         Ok(None) => return Err((Rejection::MissingToken, None, None)),
         Err(e) => return Err((Rejection::MalformedToken(e), None, None)),
     };
-    let resource = s
-        .admission
-        .resource_or_open(&name)
-        .await
-        .map_err(|_| (Rejection::StoreUnavailable, None, Some(token.get())))?;
+    let unavailable = |_| (Rejection::StoreUnavailable, None, Some(token.get()));
+    let resource = match (&s.which, derived) {
+        (Which::Fixed(name, cached), _) => match cached.get() {
+            Some(r) => Arc::clone(r),
+            None => {
+                let r = s.admission.resource_or_open(name).await.map_err(unavailable)?;
+                Arc::clone(cached.get_or_init(|| r))
+            }
+        },
+        (_, Some(name)) => s
+            .admission
+            .resource_or_open(&name)
+            .await
+            .map_err(unavailable)?,
+        (Which::Derived(_), None) => return Ok(None),
+    };
     match s.admission.admit(&resource, token, s.drain_timeout).await {
         Ok((_, ticket)) => Ok(Some((token, ticket))),
         Err(Refused::Stale { mark, .. }) => Err((
