@@ -11,7 +11,9 @@
 //!
 //! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`] and
 //!   [`election`] on etcd (feature `etcd`) or in memory ([`provider`]), each handing out
-//!   tokens, and [`transport`] to stamp them on requests. Always built.
+//!   tokens, and [`transport`] to stamp them on requests. Always built. With `etcd`,
+//!   [`fenced_txn`](client::fenced_txn) makes writes to etcd itself commit only while their
+//!   writer owns.
 //! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
@@ -40,6 +42,8 @@ pub mod fence;
 pub mod proxy;
 pub mod token;
 
+#[cfg(feature = "etcd")]
+pub use client::fenced_txn;
 pub(crate) use client::queue;
 pub use client::{election, error, lock, provider, rwlock, session, transport};
 #[cfg(feature = "layer")]
