@@ -93,6 +93,7 @@ async fn two_shell_jobs(sub: &str, ns: &str) {
     let script = format!(
         r#"for i in $(seq {ROUNDS}); do "$BIN" {sub} --endpoints "$EP" --namespace {ns} --ttl 5 jobs -- sh -c "$SCRIPT" || exit 1; done"#
     );
+    let started = Instant::now();
     let mut loops: Vec<Child> = ["a", "b"]
         .iter()
         .map(|name| {
@@ -133,7 +134,11 @@ async fn two_shell_jobs(sub: &str, ns: &str) {
         jobs.insert(start[1].to_owned());
     }
     assert_eq!(jobs.len(), 2, "both jobs ran: {text}");
-    eprintln!("{sub}: {} runs, tokens increasing:\n{text}", 2 * ROUNDS);
+    eprintln!(
+        "{sub}: {} runs of 0.3 s in {:?}, tokens increasing:\n{text}",
+        2 * ROUNDS,
+        started.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,6 +245,7 @@ while :; do sleep 0.1; done"#;
         took >= Duration::from_secs(1) && took < Duration::from_secs(4),
         "killed after the 1 s grace, took {took:?}"
     );
+    eprintln!("entry deleted: the job ignoring SIGTERM was SIGKILLed after {took:?} (grace 1 s)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
