@@ -11,7 +11,8 @@
 //!
 //! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`],
 //!   [`election`] and [`semaphore`] on etcd (feature `etcd`) or in memory ([`provider`]), each
-//!   handing out tokens, and [`transport`] to stamp them on requests. Always built.
+//!   handing out tokens, and [`transport`] to stamp them on requests. Always built. With
+//!   `etcd`, `fenced_txn` makes writes to etcd itself commit only while their writer owns.
 //! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
@@ -19,8 +20,11 @@
 //!   (`layer`, feature `layer`).
 //! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
 //!   changed: [`config`], request [`path`] and [`host`] normal forms, the request
-//!   [`pipeline`](proxy::pipeline), the accept loop ([`server`]), the [`admin`] endpoints and
-//!   the wiring ([`app`]).
+//!   [`pipeline`](proxy::pipeline), the accept loop ([`server`]), the [`admin`] endpoints, the
+//!   wiring ([`app`]), and the operator's commands: `palisade marks`
+//!   ([`marks_cli`](proxy::marks_cli)) and, with `etcd`, `palisade lock|elect NAME -- CMD`
+//!   (`proxy::hold_cli`), which runs a command while holding a lock or leading, with its
+//!   token in the command's environment.
 //! - [`token`]: the token type and its one strict wire form, used by all three.
 //!
 //! The short paths (`palisade::session`, `palisade::admission`, ...) are re-exports of the
@@ -40,6 +44,8 @@ pub mod fence;
 pub mod proxy;
 pub mod token;
 
+#[cfg(feature = "etcd")]
+pub use client::fenced_txn;
 pub(crate) use client::queue;
 pub use client::{election, error, lock, provider, rwlock, semaphore, session, transport};
 #[cfg(feature = "layer")]

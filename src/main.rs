@@ -2,7 +2,9 @@
 //!
 //! `palisade run --config FILE` serves until SIGTERM/SIGINT; `palisade check --config FILE`
 //! validates a configuration and exits 2 on the first error; `palisade marks list|set` shows
-//! and repairs stored marks (see `palisade::marks::cli`).
+//! and repairs stored marks (see `palisade::marks::cli`); with the `etcd` feature,
+//! `palisade lock|elect NAME -- CMD...` runs a command while holding a lock or leading an
+//! election, with its fencing token (see `palisade::proxy::hold_cli`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -67,6 +69,20 @@ enum Command {
         #[arg(long, default_value = "/livez")]
         path: String,
     },
+    /// Hold a lock on etcd while CMD runs; CMD gets the token in PALISADE_FENCING_TOKEN and is
+    /// stopped (SIGTERM, then SIGKILL after --grace) if the lease is lost. Exits with CMD's
+    /// status.
+    #[cfg(feature = "etcd")]
+    Lock(palisade::proxy::hold_cli::HoldArgs),
+    /// Lead an election on etcd while CMD runs (as `lock`, for a leader).
+    #[cfg(feature = "etcd")]
+    Elect {
+        /// The candidate's value, what observers see (default `<hostname>:<pid>`).
+        #[arg(long)]
+        value: Option<String>,
+        #[command(flatten)]
+        args: palisade::proxy::hold_cli::HoldArgs,
+    },
 }
 
 fn main() -> ExitCode {
@@ -75,6 +91,14 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Marks(command) => palisade::proxy::marks_cli::run(command),
         Command::Health { admin, path } => health(admin, &path),
+        #[cfg(feature = "etcd")]
+        Command::Lock(args) => {
+            palisade::proxy::hold_cli::run(palisade::proxy::hold_cli::Hold::Lock(args))
+        }
+        #[cfg(feature = "etcd")]
+        Command::Elect { value, args } => {
+            palisade::proxy::hold_cli::run(palisade::proxy::hold_cli::Hold::Elect { args, value })
+        }
         Command::Check { config } => match Config::load(&config) {
             Ok(c) => {
                 for w in &c.warnings {

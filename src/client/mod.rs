@@ -1,9 +1,12 @@
 //! The owner's side: sessions (leases kept alive), and the lock, read/write lock, election and
 //! semaphore primitives that hand out fencing tokens, on etcd or in memory, plus the helpers
-//! that stamp a token on outgoing requests.
+//! that stamp a token on outgoing requests, and (feature `etcd`) fenced transactions on etcd
+//! itself.
 
 pub mod election;
 pub mod error;
+#[cfg(feature = "etcd")]
+pub mod fenced_txn;
 pub mod lock;
 pub mod provider;
 pub(crate) mod queue;

@@ -1,10 +1,12 @@
 //! The `palisade` reverse proxy (feature `proxy`, on by default): configuration, the request
 //! pipeline in front of an unmodified upstream, the accept loop, the admin endpoints and the
-//! operator's `palisade marks` commands.
+//! operator's `palisade marks` commands, and (with `etcd`) `palisade lock|elect -- CMD`.
 
 pub mod admin;
 pub mod app;
 pub mod config;
+#[cfg(feature = "etcd")]
+pub mod hold_cli;
 pub mod host;
 pub mod marks_cli;
 pub mod path;

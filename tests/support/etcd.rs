@@ -246,3 +246,11 @@ fn spawn(args: &[String]) -> Child {
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
 }
+
+impl Etcd {
+    /// The process id of node `i` while it runs (to SIGSTOP and SIGCONT it: a frozen etcd
+    /// keeps its sockets open but answers nothing, and expires no lease).
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(Child::id)
+    }
+}

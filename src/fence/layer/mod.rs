@@ -299,7 +299,11 @@ async fn admit(
         (Which::Fixed(name, cached), _) => match cached.get() {
             Some(r) => Arc::clone(r),
             None => {
-                let r = s.admission.resource_or_open(name).await.map_err(unavailable)?;
+                let r = s
+                    .admission
+                    .resource_or_open(name)
+                    .await
+                    .map_err(unavailable)?;
                 Arc::clone(cached.get_or_init(|| r))
             }
         },

@@ -1,0 +1,383 @@
+//! `palisade lock NAME -- CMD...` and `palisade elect NAME -- CMD...` (feature `etcd`): run a
+//! command while holding a lock (or leading an election) on etcd, with its fencing token.
+//!
+//! `etcdctl lock` and `etcdctl elect` do the same without a token, and a command they run
+//! keeps running after their lease is gone. Here:
+//!
+//! - CMD starts only once the lock is held (the leadership won) and gets, in its environment,
+//!   `PALISADE_FENCING_TOKEN` (decimal: attach it to every request to the resource),
+//!   `PALISADE_LEASE_ID` (hex, as `etcdctl lease` prints it), `PALISADE_NAME`, and
+//!   `PALISADE_KEY` / `PALISADE_KEY_REVISION` (the queue entry and its create revision: the
+//!   compare `c("KEY") = "REV"` in an `etcdctl txn` commits only while the lock is held, see
+//!   [`crate::fenced_txn`]).
+//! - CMD runs in its own process group. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
+//!   palisade are forwarded to that group (so `sh -c 'a | b'` gets them whole, as from a
+//!   terminal). A CMD that reads the terminal is stopped by SIGTTIN: use it for jobs, not
+//!   interactive programs.
+//! - When the lease or the queue entry is lost (the session's local deadline passed, etcd
+//!   expired or revoked the lease, someone deleted the entry), the group gets SIGTERM, and
+//!   SIGKILL `--grace` later if CMD has not exited. After a loss, the rest of the group is
+//!   killed as soon as CMD exits.
+//! - palisade exits with CMD's status, 128+N when CMD was killed by signal N (as shells
+//!   report it). Its own failures use the codes of `env` and `timeout`: 125 (etcd unreachable,
+//!   session or acquisition failed), 126 (CMD not executable), 127 (CMD not found); a signal
+//!   that arrives while it still waits for the lock ends the wait with 128+N.
+//! - After CMD exits the lock is released (the leadership resigned) and the lease revoked.
+//!
+//! The fencing token is what keeps the resource safe; the SIGTERM only stops a job that can
+//! no longer write anyway, and it can come late (palisade itself frozen, for example).
+
+mod signals;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use signals::{Signal, Signals};
+use tokio::process::{Child, Command};
+
+use crate::election::ElectionService;
+use crate::lock::LockService;
+use crate::provider::etcd::EtcdProvider;
+use crate::provider::Provider;
+use crate::session::{LossSignal, Session, SessionOptions, DEFAULT_NAMESPACE};
+use crate::token::FencingToken;
+
+/// Exit code when palisade itself fails (as `env`, `timeout` and `docker run` use it).
+pub const EXIT_FAILED: u8 = 125;
+/// Exit code when CMD cannot be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+/// Exit code when CMD is not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// Default time between SIGTERM and SIGKILL after a loss.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+/// Bound on connecting to etcd.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Options shared by `palisade lock` and `palisade elect`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct HoldArgs {
+    /// The lock's (or election's) name.
+    pub name: String,
+    /// etcd endpoints, comma-separated.
+    #[arg(
+        long,
+        env = "ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:2379"
+    )]
+    pub endpoints: Vec<String>,
+    /// Lease TTL in seconds: how long etcd keeps the lock after palisade stops renewing it.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ttl: u64,
+    /// Key namespace of the lock (the same for every job sharing it).
+    #[arg(long, default_value = DEFAULT_NAMESPACE)]
+    pub namespace: String,
+    /// Time between SIGTERM and SIGKILL after the lease is lost: `10`, `2.5`, `10s`, `500ms`.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, num_args = 1..)]
+    pub command: Vec<OsString>,
+}
+
+/// `palisade lock` or `palisade elect`.
+#[derive(Debug, Clone)]
+pub enum Hold {
+    /// Hold the lock `name` while CMD runs.
+    Lock(HoldArgs),
+    /// Lead the election `name` with `value` while CMD runs.
+    Elect {
+        /// Shared options.
+        args: HoldArgs,
+        /// The candidate's value (what observers and `leader()` see).
+        value: Option<String>,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (number, scale) = if let Some(ms) = s.strip_suffix("ms") {
+        (ms, 1e-3)
+    } else if let Some(secs) = s.strip_suffix('s') {
+        (secs, 1.0)
+    } else {
+        (s, 1.0)
+    };
+    let n: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?}: expected seconds (`10`, `2.5`, `10s`) or `500ms`"))?;
+    Duration::try_from_secs_f64(n * scale).map_err(|e| format!("{s:?}: {e}"))
+}
+
+/// Runs `palisade lock|elect` to completion on its own runtime and returns the exit code.
+pub fn run(hold: Hold) -> ExitCode {
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("palisade: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_FAILED);
+        }
+    };
+    ExitCode::from(rt.block_on(hold_and_run(hold)))
+}
+
+/// What the queue gave: the token, the entry, and how to release it.
+enum Held {
+    Lock(crate::lock::LockGrant),
+    Lead(crate::election::Leadership),
+}
+
+impl Held {
+    fn token(&self) -> FencingToken {
+        match self {
+            Held::Lock(g) => g.token(),
+            Held::Lead(l) => l.token(),
+        }
+    }
+
+    fn incarnation(&self) -> &crate::session::Incarnation {
+        match self {
+            Held::Lock(g) => g.incarnation(),
+            Held::Lead(l) => l.incarnation(),
+        }
+    }
+
+    fn loss_signal(&self) -> LossSignal {
+        match self {
+            Held::Lock(g) => g.loss_signal(),
+            Held::Lead(l) => l.loss_signal(),
+        }
+    }
+
+    async fn release(&self) -> Result<(), crate::error::Error> {
+        match self {
+            Held::Lock(g) => g.unlock().await,
+            Held::Lead(l) => l.resign().await,
+        }
+    }
+}
+
+async fn hold_and_run(hold: Hold) -> u8 {
+    // Listen before anything else: a SIGTERM while connecting or waiting must end the wait
+    // with the entry cleaned up, not kill palisade with its entry left for the TTL.
+    let mut signals = match Signals::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("palisade: cannot listen for signals: {e}");
+            return EXIT_FAILED;
+        }
+    };
+    let (args, value) = match hold {
+        Hold::Lock(args) => (args, None),
+        Hold::Elect { args, value } => {
+            let value = value.unwrap_or_else(default_value);
+            (args, Some(value))
+        }
+    };
+    let session = tokio::select! {
+        s = start_session(&args) => match s {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("palisade: {e}");
+                return EXIT_FAILED;
+            }
+        },
+        sig = signals.recv() => return signals::exit_code(sig),
+    };
+    let acquire = async {
+        match &value {
+            None => session.lock(&args.name).await.map(Held::Lock),
+            Some(v) => session
+                .campaign(&args.name, v.as_bytes().to_vec())
+                .await
+                .map(Held::Lead),
+        }
+    };
+    let held = tokio::select! {
+        h = acquire => match h {
+            Ok(h) => h,
+            Err(e) => {
+                eprintln!("palisade: {}: {e}", args.name);
+                let _ = session.close().await;
+                return EXIT_FAILED;
+            }
+        },
+        sig = signals.recv() => {
+            // The acquisition future is dropped; closing revokes the lease, which deletes
+            // the entry whatever state the acquisition was in.
+            let _ = session.close().await;
+            return signals::exit_code(sig);
+        }
+    };
+    let code = supervise(&args, &session, &held, &mut signals).await;
+    if !held.loss_signal().is_lost() {
+        if let Err(e) = held.release().await {
+            tracing::warn!(name = %args.name, error = %e, "release after the command failed");
+        }
+    }
+    // A lost lease has nothing left to revoke (and etcd may not answer: do not wait for it).
+    if session.state() != crate::session::SessionState::Lost {
+        if let Err(e) = session.close().await {
+            tracing::debug!(error = %e, "lease revoke failed; it expires by its TTL");
+        }
+    }
+    code
+}
+
+async fn start_session(args: &HoldArgs) -> Result<Session, String> {
+    let endpoints = &args.endpoints;
+    let options = etcd_client::ConnectOptions::new().with_connect_timeout(CONNECT_TIMEOUT);
+    let client = match tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        etcd_client::Client::connect(endpoints, Some(options)),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(format!("cannot connect to etcd at {endpoints:?}: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "cannot connect to etcd at {endpoints:?} within {CONNECT_TIMEOUT:?}"
+            ))
+        }
+    };
+    let options = SessionOptions::new()
+        .with_ttl(Duration::from_secs(args.ttl))
+        .with_namespace(args.namespace.clone());
+    EtcdProvider::new(&client)
+        .session(options)
+        .await
+        .map_err(|e| format!("cannot start a session: {e}"))
+}
+
+/// `<hostname>:<pid>`, what `etcdctl elect` users usually pass by hand.
+fn default_value() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Starts CMD and waits for it, forwarding signals and stopping it after a loss.
+async fn supervise(args: &HoldArgs, session: &Session, held: &Held, signals: &mut Signals) -> u8 {
+    let token = held.token();
+    let entry = held.incarnation();
+    // Acquiring can take long enough for the lease to run out behind it (palisade frozen, a
+    // slow etcd): a command started now could only be stopped again at once.
+    if held.loss_signal().is_lost() {
+        eprintln!(
+            "palisade: {}: ownership lost before the command started",
+            args.name
+        );
+        return EXIT_FAILED;
+    }
+    let mut command = Command::new(&args.command[0]);
+    command
+        .args(&args.command[1..])
+        .env("PALISADE_FENCING_TOKEN", token.to_string())
+        .env("PALISADE_LEASE_ID", format!("{:x}", session.lease_id()))
+        .env("PALISADE_NAME", &args.name)
+        .env("PALISADE_KEY", entry.key())
+        .env("PALISADE_KEY_REVISION", entry.create_revision().to_string())
+        // Its own group, so that signals reach every process of the job (a pipeline, a
+        // shell's children), not only its first process.
+        .process_group(0);
+    let mut child = match command.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!(
+                "palisade: cannot run {}: {e}",
+                args.command[0].to_string_lossy()
+            );
+            return match e.kind() {
+                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+                std::io::ErrorKind::PermissionDenied => EXIT_NOT_EXECUTABLE,
+                _ => EXIT_FAILED,
+            };
+        }
+    };
+    tracing::debug!(name = %args.name, %token, pid = child.id(), "holding; command started");
+    let group = child.id().and_then(|id| i32::try_from(id).ok());
+    let mut lost = held.loss_signal();
+    let mut is_lost = false;
+    let kill_at = tokio::time::sleep(Duration::MAX);
+    tokio::pin!(kill_at);
+    let status = loop {
+        tokio::select! {
+            // Biased: once CMD has exited (and `wait` reaped it) nothing else may signal its
+            // group id, which the kernel can then give to another process.
+            biased;
+            status = child.wait() => break status,
+            sig = signals.recv() => signal_group(&child, group, sig),
+            loss = lost.wait(), if !is_lost => {
+                tracing::warn!(
+                    name = %args.name, %token, ?loss, grace = ?args.grace,
+                    "ownership lost: sending SIGTERM to the command, SIGKILL after the grace"
+                );
+                signal_group(&child, group, Signal::TERM);
+                is_lost = true;
+                kill_at.as_mut().reset(tokio::time::Instant::now() + args.grace);
+            }
+            () = &mut kill_at, if is_lost => {
+                tracing::warn!(name = %args.name, "the command outlived the grace: SIGKILL");
+                signal_group(&child, group, Signal::KILL);
+                kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+            }
+        }
+    };
+    if is_lost {
+        // The job must not go on writing after a loss: take down what is left of its group
+        // (children that ignored SIGTERM) right away, while the group id is still fresh.
+        if let Some(g) = group {
+            let _ = signals::kill_group(g, Signal::KILL);
+        }
+    }
+    match status {
+        Ok(s) => exit_code(s),
+        Err(e) => {
+            eprintln!("palisade: waiting for the command failed: {e}");
+            EXIT_FAILED
+        }
+    }
+}
+
+/// Sends `sig` to CMD's process group, unless CMD has already been reaped.
+fn signal_group(child: &Child, group: Option<i32>, sig: Signal) {
+    if child.id().is_none() {
+        return;
+    }
+    if let Some(g) = group {
+        if let Err(e) = signals::kill_group(g, sig) {
+            tracing::debug!(group = g, ?sig, error = %e, "signal not delivered");
+        }
+    }
+}
+
+/// The shells' convention: the exit code, or 128+N for a death by signal N.
+fn exit_code(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(c), _) => c as u8,
+        (None, Some(sig)) => (128 + sig) as u8,
+        (None, None) => EXIT_FAILED,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grace_accepts_seconds_and_milliseconds() {
+        assert_eq!(parse_duration("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_duration("2.5").unwrap(), Duration::from_millis(2500));
+        assert_eq!(parse_duration("3s").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("-1").is_err());
+    }
+}
