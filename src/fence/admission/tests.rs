@@ -1,0 +1,112 @@
+use super::*;
+use crate::marks::MemoryStore;
+
+const D: Duration = Duration::from_secs(2);
+
+fn t(v: u64) -> FencingToken {
+    FencingToken::new(v).unwrap()
+}
+
+#[tokio::test]
+async fn equal_admits_higher_advances_lower_is_stale() {
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let store = Arc::new(MemoryStore::with_marks([("orders".to_owned(), 34)].into()));
+    let adm = Admission::open(store.clone(), ["orders"], &metrics)
+        .await
+        .unwrap();
+    let r = adm.resource("orders").unwrap().clone();
+    assert_eq!(r.mark(), 34);
+    assert_eq!(adm.admit(&r, t(34), D).await.unwrap().0, Admitted::Current);
+    assert_eq!(
+        adm.admit(&r, t(51), D).await.unwrap().0,
+        Admitted::Advanced { from: 34 }
+    );
+    assert!(matches!(
+        adm.admit(&r, t(34), D).await,
+        Err(Refused::Stale { mark: 51, .. })
+    ));
+    assert_eq!(store.load().await.unwrap().get("orders"), Some(&51));
+}
+
+/// Many tasks on several threads race random tokens around a rising base. Any admission
+/// that starts after another one finished must not admit a lower token, a stale verdict
+/// must report a higher mark, and the final mark is the highest admitted token.
+#[test]
+fn concurrent_admissions_never_admit_below_an_earlier_admission() {
+    use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+        let adm = Arc::new(
+            Admission::open(Arc::new(MemoryStore::new()), ["r"], &metrics)
+                .await
+                .unwrap(),
+        );
+        let res = adm.resource("r").unwrap().clone();
+        let highest = Arc::new(AtomicU64::new(0));
+        let base = Arc::new(AtomicU64::new(10));
+        let mut tasks = Vec::new();
+        for seed in 1..=8u64 {
+            let (adm, res, highest, base) =
+                (adm.clone(), res.clone(), highest.clone(), base.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                let (mut admitted, mut stale) = (0u64, 0u64);
+                for i in 0..20_000u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if i % 64 == 0 {
+                        base.fetch_add(1, SeqCst);
+                    }
+                    let t = t(base.load(SeqCst) + x % 8 - 4);
+                    let before = highest.load(SeqCst);
+                    match adm.admit(&res, t, D).await {
+                        Ok(_) => {
+                            assert!(
+                                t.get() >= before,
+                                "admitted {t} after {before} was admitted"
+                            );
+                            assert!(res.mark() >= t.get());
+                            highest.fetch_max(t.get(), SeqCst);
+                            admitted += 1;
+                        }
+                        Err(Refused::Stale { mark, .. }) => {
+                            assert!(mark > t.get());
+                            stale += 1;
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                    if i % 16 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                (admitted, stale)
+            }));
+        }
+        let (mut admitted, mut stale) = (0, 0);
+        for task in tasks {
+            let (a, s) = task.await.unwrap();
+            admitted += a;
+            stale += s;
+        }
+        assert!(
+            admitted > 1000 && stale > 1000,
+            "admitted {admitted}, stale {stale}"
+        );
+        assert_eq!(
+            res.mark(),
+            highest.load(SeqCst),
+            "final mark is the highest admitted token"
+        );
+        assert_eq!(
+            adm.store().load().await.unwrap()["r"],
+            res.mark(),
+            "and it is the stored mark"
+        );
+    });
+}

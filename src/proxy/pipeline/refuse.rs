@@ -1,0 +1,201 @@
+//! The refusals and the token check of a matched route: everything in `handle` that can
+//! turn a request away, and the route table lookup.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use http::header::{HeaderMap, HeaderValue};
+use http::{Method, Request, Response};
+use http_body_util::Either;
+use hyper::body::Incoming;
+
+use super::request::token_alias;
+use super::{Proxy, ProxyBody, Route, Routed};
+use crate::admission::{Refused, Resource};
+use crate::config::{MissingToken, OtherMethods};
+use crate::drain::Ticket;
+use crate::metrics::Outcome;
+use crate::reject::{Context, Rejection};
+use crate::token::{self, FencingToken};
+
+impl Proxy {
+    /// Answers a request that a newer owner's drain aborted before its response started.
+    pub(super) fn aborted(
+        &self,
+        route: &Route,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        let m = &route.metrics;
+        let resource = route.resource.as_deref();
+        if let Some(c) = &m.stale {
+            c.inc();
+        }
+        m.count(Outcome::Stale);
+        m.duration.observe(started.elapsed().as_secs_f64());
+        let stale = Rejection::Stale {
+            token: token.unwrap_or_default(),
+            mark: resource.map_or(0, Resource::mark),
+        };
+        tracing::info!(
+            route = %route.settings.name,
+            resource = resource.map(Resource::name),
+            token,
+            peer = %peer,
+            "in-flight request aborted by a newer owner's drain"
+        );
+        let ctx = Context {
+            route: Some(&route.settings.name),
+            resource: resource.map(Resource::name),
+            token,
+        };
+        stale.respond(ctx, grpc.as_ref()).map(Either::Right)
+    }
+
+    /// Refuses a request that matched `route`: logged, counted, answered from the table.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn refuse(
+        &self,
+        route: &Route,
+        rejection: Rejection,
+        outcome: Outcome,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Response<ProxyBody> {
+        let resource = route.resource.as_deref();
+        tracing::info!(
+            route = %route.settings.name,
+            resource = resource.map(Resource::name),
+            token,
+            mark = resource.map(Resource::mark),
+            peer = %peer,
+            reason = %rejection,
+            "request refused"
+        );
+        route.metrics.count(outcome);
+        route
+            .metrics
+            .duration
+            .observe(started.elapsed().as_secs_f64());
+        let ctx = Context {
+            route: Some(&route.settings.name),
+            resource: resource.map(Resource::name),
+            token,
+        };
+        rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
+    }
+
+    /// The token check of a matched route: `Ok((outcome, token))` to forward, or the refusal.
+    pub(super) async fn fence(
+        &self,
+        route: &Route,
+        headers: &HeaderMap,
+    ) -> Result<(Outcome, Option<u64>, Option<Ticket>), (Rejection, Outcome, Option<u64>)> {
+        let Some(resource) = &route.resource else {
+            return Ok((Outcome::Passthrough, None, None));
+        };
+        if token_alias(headers, &self.header).is_some() {
+            return Err((Rejection::TokenAlias, Outcome::Malformed, None));
+        }
+        let t: FencingToken = match token::from_headers(headers, &self.header) {
+            Ok(Some(t)) if route.settings.max_token.is_some_and(|max| t.get() > max) => {
+                let max = route.settings.max_token.unwrap_or(u64::MAX);
+                return Err((
+                    Rejection::AboveMaxToken {
+                        token: t.get(),
+                        max,
+                    },
+                    Outcome::Malformed,
+                    Some(t.get()),
+                ));
+            }
+            Ok(Some(t)) => t,
+            Ok(None) if route.settings.missing_token == MissingToken::Allow => {
+                return Ok((Outcome::Missing, None, None))
+            }
+            Ok(None) => return Err((Rejection::MissingToken, Outcome::Missing, None)),
+            Err(e) => return Err((Rejection::MalformedToken(e), Outcome::Malformed, None)),
+        };
+        match self
+            .admission
+            .admit(resource, t, route.settings.drain_timeout)
+            .await
+        {
+            Ok((_, ticket)) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
+            Err(Refused::Stale { mark, .. }) => {
+                if let Some(c) = &route.metrics.stale {
+                    c.inc();
+                }
+                Err((
+                    Rejection::Stale {
+                        token: t.get(),
+                        mark,
+                    },
+                    Outcome::Stale,
+                    Some(t.get()),
+                ))
+            }
+            Err(Refused::Unavailable { source, .. }) => {
+                tracing::error!(
+                    route = %route.settings.name,
+                    resource = %resource.name(),
+                    token = t.get(),
+                    error = %source,
+                    "mark store cannot persist; refusing the advance"
+                );
+                Err((
+                    Rejection::StoreUnavailable,
+                    Outcome::Unavailable,
+                    Some(t.get()),
+                ))
+            }
+        }
+    }
+
+    pub(super) fn route(&self, method: &Method, host: &str, key: &str) -> Routed<'_> {
+        let method = method.as_str();
+        for r in &self.routes {
+            let s = &r.settings;
+            let place = s
+                .host
+                .as_deref()
+                .is_none_or(|h| host.eq_ignore_ascii_case(h))
+                && s.path.matches(key);
+            if !place {
+                continue;
+            }
+            // Methods match whatever their case: a legacy upstream may treat `post` as POST,
+            // so a lower-case spelling must not slip past a guarded route.
+            let listed = s
+                .methods
+                .as_ref()
+                .is_none_or(|ms| ms.iter().any(|m| m.as_str().eq_ignore_ascii_case(method)));
+            if listed {
+                return Routed::To(r);
+            }
+            if s.other_methods == OtherMethods::Reject {
+                return Routed::MethodNotAllowed(r);
+            }
+        }
+        Routed::Nowhere
+    }
+
+    pub(super) fn refuse_unrouted(
+        &self,
+        rejection: Rejection,
+        outcome: Outcome,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        req: &Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
+        self.unrouted.count(outcome);
+        rejection
+            .respond(Context::default(), grpc.as_ref())
+            .map(Either::Right)
+    }
+}
