@@ -16,8 +16,8 @@
 //! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
-//!   drains ([`drain`]), the table of refusals ([`reject`]), [`metrics`], and the tower layer
-//!   (`layer`, feature `layer`).
+//!   drains ([`drain`]) and the bodies that carry them ([`flight`]), the table of refusals
+//!   ([`reject`]), [`metrics`], and the tower layer (`layer`, feature `layer`).
 //! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
 //!   changed: [`config`], request [`path`] and [`host`] normal forms, the request
 //!   [`pipeline`](proxy::pipeline), the accept loop ([`server`]), the [`admin`] endpoints, the
@@ -51,7 +51,7 @@ pub use client::{election, error, lock, provider, rwlock, semaphore, session, tr
 #[cfg(feature = "layer")]
 pub use fence::layer;
 #[cfg(feature = "fence")]
-pub use fence::{admission, confirm, drain, guard, marks, metrics, reject};
+pub use fence::{admission, confirm, drain, flight, guard, marks, metrics, reject};
 #[cfg(feature = "proxy")]
 pub use proxy::{admin, app, config, host, path, server};
 

@@ -5,6 +5,7 @@
 pub mod admission;
 pub mod confirm;
 pub mod drain;
+pub mod flight;
 pub mod guard;
 #[cfg(feature = "layer")]
 pub mod layer;

@@ -8,63 +8,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 
-use crate::drain::{AbortSignal, Ticket};
-
-/// The error of a fenced body: the inner body's, or the request was aborted by a newer owner's
-/// drain.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// Why a fenced body failed on its own.
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "aborted: a newer owner's token advanced the mark and this request outlasted the drain time"
-)]
-pub struct Aborted;
-
-struct Flight {
-    _ticket: Ticket,
-    abort: AbortSignal,
-}
-
-fn flight(ticket: Option<Ticket>) -> Option<Flight> {
-    ticket.map(|t| Flight {
-        abort: t.abort_signal(),
-        _ticket: t,
-    })
-}
-
-/// Polls `inner` unless the flight was aborted; a body waiting on its peer is woken by the
-/// abort. The ticket is given back when the body ends.
-fn poll_fenced<B>(
-    inner: Pin<&mut B>,
-    flight: &mut Option<Flight>,
-    cx: &mut Context<'_>,
-) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
-where
-    B: Body<Data = Bytes>,
-    B::Error: Into<BoxError>,
-{
-    if flight.as_ref().is_some_and(|f| f.abort.is_aborted()) {
-        return Poll::Ready(Some(Err(Box::new(Aborted))));
-    }
-    match inner.poll_frame(cx) {
-        Poll::Ready(r) => {
-            if r.is_none() {
-                *flight = None;
-            }
-            Poll::Ready(r.map(|r| r.map_err(Into::into)))
-        }
-        Poll::Pending => {
-            if flight
-                .as_mut()
-                .is_some_and(|f| f.abort.poll_aborted(cx).is_ready())
-            {
-                return Poll::Ready(Some(Err(Box::new(Aborted))));
-            }
-            Poll::Pending
-        }
-    }
-}
+use crate::drain::Ticket;
+use crate::flight::{poll_fenced, BodyError as BoxError, Flight};
 
 pin_project_lite::pin_project! {
     /// The request body an inner service reads behind the fence. It fails with [`Aborted`] if
@@ -81,7 +26,7 @@ impl<B> FenceRequestBody<B> {
     pub(super) fn new(inner: B, ticket: Option<Ticket>) -> Self {
         Self {
             inner,
-            flight: flight(ticket),
+            flight: Flight::of(ticket),
         }
     }
 }
@@ -131,7 +76,7 @@ impl<B> FenceResponseBody<B> {
     pub(super) fn inner(body: B, ticket: Option<Ticket>) -> Self {
         Self {
             body: Either::Left(body),
-            flight: flight(ticket),
+            flight: Flight::of(ticket),
         }
     }
 

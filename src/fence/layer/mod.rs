@@ -36,7 +36,8 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response};
 use http_body::Body;
 
-pub use body::{Aborted, BoxError, FenceRequestBody, FenceResponseBody};
+pub use crate::flight::{Aborted, BodyError as BoxError};
+pub use body::{FenceRequestBody, FenceResponseBody};
 
 use crate::admission::{Admission, Refused, Resource};
 use crate::guard::MissingToken;

@@ -10,69 +10,8 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use prometheus::IntGauge;
 
-use crate::drain::{AbortSignal, Ticket};
-
-/// The error a body reports when its request was aborted by a drain (see [`crate::drain`]).
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "aborted: a newer owner's token advanced the mark and this request outlasted the drain time"
-)]
-pub struct Aborted;
-
-/// The error type of palisade's bodies: hyper's, or [`Aborted`].
-pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A drain ticket and its abort signal, carried by a body.
-pub(super) struct InFlight {
-    _ticket: Ticket,
-    abort: AbortSignal,
-}
-
-impl InFlight {
-    pub(super) fn new(ticket: Ticket) -> Self {
-        let abort = ticket.abort_signal();
-        Self {
-            _ticket: ticket,
-            abort,
-        }
-    }
-}
-
-/// Polls `inner`, failing with [`Aborted`] once `flight`'s generation is aborted: a body
-/// that waits on its peer (a frozen client mid-body) is woken by the abort itself.
-fn poll_guarded<B>(
-    inner: Pin<&mut B>,
-    flight: &mut Option<InFlight>,
-    cx: &mut TaskContext<'_>,
-) -> Poll<Option<Result<Frame<Bytes>, BodyError>>>
-where
-    B: Body<Data = Bytes, Error = hyper::Error>,
-{
-    if let Some(f) = flight {
-        if f.abort.is_aborted() {
-            return Poll::Ready(Some(Err(Box::new(Aborted))));
-        }
-    }
-    match inner.poll_frame(cx) {
-        Poll::Ready(r) => {
-            if r.is_none() {
-                // The body is over: this half of the exchange no longer counts.
-                *flight = None;
-            }
-            Poll::Ready(r.map(|r| r.map_err(Into::into)))
-        }
-        Poll::Pending => {
-            let aborted = flight
-                .as_mut()
-                .is_some_and(|f| f.abort.poll_aborted(cx).is_ready());
-            if aborted {
-                Poll::Ready(Some(Err(Box::new(Aborted))))
-            } else {
-                Poll::Pending
-            }
-        }
-    }
-}
+use crate::drain::Ticket;
+use crate::flight::{poll_fenced, BodyError, Flight};
 
 /// Counts a request in `palisade_inflight_requests` until dropped.
 pub(super) struct InflightGuard(IntGauge);
@@ -95,7 +34,7 @@ impl Drop for InflightGuard {
 pub struct Tracked {
     pub(super) inner: Incoming,
     pub(super) _inflight: InflightGuard,
-    pub(super) flight: Option<InFlight>,
+    pub(super) flight: Option<Flight>,
 }
 
 impl std::fmt::Debug for Tracked {
@@ -113,7 +52,7 @@ impl Body for Tracked {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        poll_guarded(Pin::new(&mut this.inner), &mut this.flight, cx)
+        poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -135,7 +74,7 @@ impl Body for Tracked {
 pub struct RequestBody {
     inner: Incoming,
     strip: Option<HeaderName>,
-    flight: Option<InFlight>,
+    flight: Option<Flight>,
 }
 
 impl RequestBody {
@@ -143,7 +82,7 @@ impl RequestBody {
         Self {
             inner,
             strip,
-            flight: ticket.map(InFlight::new),
+            flight: Flight::of(ticket),
         }
     }
 }
@@ -163,7 +102,7 @@ impl Body for RequestBody {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let polled = poll_guarded(Pin::new(&mut this.inner), &mut this.flight, cx);
+        let polled = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
         let Some(strip) = &this.strip else {
             return polled;
         };

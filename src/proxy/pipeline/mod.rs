@@ -21,7 +21,8 @@ use http::{Method, Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-pub use body::{Aborted, BodyError, RequestBody, Tracked};
+pub use crate::flight::{Aborted, BodyError};
+pub use body::{RequestBody, Tracked};
 
 use self::body::InflightGuard;
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
@@ -283,7 +284,7 @@ impl Proxy {
                     Either::Left(Tracked {
                         inner: body,
                         _inflight: inflight,
-                        flight: ticket.map(body::InFlight::new),
+                        flight: crate::flight::Flight::of(ticket),
                     }),
                 )
             }
