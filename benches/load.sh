@@ -21,36 +21,14 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-"16 64 256"}
 
-missing=()
-command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
-command -v wrk >/dev/null || missing+=(wrk)
-command -v taskset >/dev/null || missing+=(util-linux)
-if ((${#missing[@]})); then
-  if [[ $(id -u) -eq 0 ]]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "missing ${missing[*]}: sudo apt-get install -y ${missing[*]}" >&2; exit 1
-  fi
-fi
+source "benches/common.sh"
+need nginx nginx wrk wrk taskset util-linux
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release --quiet --bin palisade
 BIN=target/release/palisade
 
-if (($(nproc) >= 2)); then PROXY_CPU=(taskset -c 0); LOAD_CPU=(taskset -c 1); PIN="proxy on core 0, wrk + upstream on core 1"
-else PROXY_CPU=(); LOAD_CPU=(); PIN="one core: nothing pinned"; fi
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    (echo >/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
-wait_port() {
-  for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.05; done
-  echo "nothing listens on port $1" >&2; exit 1
-}
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -127,7 +105,7 @@ run_wrk() { # name port conns -> "rps p99_ms"
   if grep -q "Non-2xx" <<<"$out"; then echo "$1: non-2xx responses:" >&2; echo "$out" >&2; exit 1; fi
   local rps p99
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v*=1000}; print v}' <<<"$out")
+  p99=$(p99_ms <<<"$out")
   echo "$rps $p99"
 }
 

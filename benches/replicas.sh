@@ -19,36 +19,14 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10}
 CONNS=${CONNS:-"64"}
 
-missing=()
-command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]] || missing+=(nginx)
-command -v wrk >/dev/null || missing+=(wrk)
-command -v etcd >/dev/null || missing+=(etcd-server)
-command -v protoc >/dev/null || missing+=(protobuf-compiler)
-if ((${#missing[@]})); then
-  if [[ $(id -u) -eq 0 ]]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "missing ${missing[*]}: sudo apt-get install -y ${missing[*]}" >&2; exit 1
-  fi
-fi
+source "benches/common.sh"
+need nginx nginx wrk wrk etcd etcd-server protoc protobuf-compiler taskset util-linux
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release --quiet --features etcd --bin palisade
 BIN=target/release/palisade
 
-if (($(nproc) >= 2)); then PROXY_CPU=(taskset -c 0); LOAD_CPU=(taskset -c 1); else PROXY_CPU=(); LOAD_CPU=(); fi
 
-free_port() {
-  local p
-  while :; do
-    p=$((20000 + RANDOM % 30000))
-    (echo >/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
-  done
-}
-wait_port() {
-  for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.05; done
-  echo "nothing listens on port $1" >&2; exit 1
-}
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -119,7 +97,7 @@ CONF
   if grep -q "Non-2xx" <<<"$out"; then echo "$name: non-2xx responses:" >&2; echo "$out" >&2; exit 1; fi
   local rps p99
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v*=1000}; print v}' <<<"$out")
+  p99=$(p99_ms <<<"$out")
   echo "$rps $p99 $(awk -v a="$((a1 - a0))" -v t="$(awk -v x="$t1" -v y="$t0" -v p="$p1" -v q="$p0" 'BEGIN {print x - y + p - q}')" 'BEGIN {if (a > 0) printf "%.4f", t / a; else print "n/a"}')"
 }
 
