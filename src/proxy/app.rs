@@ -10,7 +10,7 @@ use crate::admission::Admission;
 use crate::config::{Config, MarksSettings};
 use crate::marks::{FileStore, MarkStore, MemoryStore, StoreError};
 use crate::metrics::Metrics;
-use crate::proxy::Proxy;
+use crate::proxy::{Affinity, Proxy};
 use crate::server;
 
 /// Listeners for [`run`], bound by the caller (tests bind port 0).
@@ -140,7 +140,7 @@ pub async fn run(
         tracing::info!(addr = %display_addr(&listener), "admin listening");
         tokio::spawn(server::serve_with(
             listener,
-            move |req, _peer| {
+            move |req, _peer, _: &Arc<()>| {
                 let admin = admin.clone();
                 async move { admin.handle(req).await }
             },
@@ -160,9 +160,10 @@ pub async fn run(
     );
     server::serve_with(
         listeners.proxy,
-        move |req, peer| {
+        move |req, peer, affinity: &Arc<Affinity>| {
             let proxy = Arc::clone(&proxy);
-            async move { proxy.handle(req, peer).await }
+            let affinity = Arc::clone(affinity);
+            async move { proxy.handle(req, peer, &affinity).await }
         },
         shutdown,
         limits,

@@ -13,4 +13,4 @@ pub mod path;
 pub mod pipeline;
 pub mod server;
 
-pub use pipeline::{Aborted, BodyError, Proxy, ProxyBody, RequestBody, Tracked};
+pub use pipeline::{Aborted, Affinity, BodyError, Proxy, ProxyBody, RequestBody, Tracked};

@@ -10,6 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use prometheus::IntGauge;
 
+use super::affine::Held;
 use crate::drain::Ticket;
 use crate::flight::{poll_fenced, BodyError, Flight};
 
@@ -31,10 +32,26 @@ impl Drop for InflightGuard {
 
 /// The upstream's response body, streamed frame by frame (trailers included), which keeps the
 /// request counted as in flight until it ends or the client goes away.
+///
+/// From an HTTP/1.1 upstream it also drives the upstream connection the body arrives on
+/// ([`Held`]), and gives that connection back for the next request once the body is over.
 pub struct Tracked {
     pub(super) inner: Incoming,
     pub(super) _inflight: InflightGuard,
     pub(super) flight: Option<Flight>,
+    pub(super) held: Option<Held>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        // hyper stops polling a body whose `is_end_stream` is true (a Content-Length body
+        // whose last byte arrived, an empty body): it is over all the same.
+        if self.inner.is_end_stream() {
+            if let Some(h) = &mut self.held {
+                h.release();
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Tracked {
@@ -52,7 +69,21 @@ impl Body for Tracked {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx)
+        let mut r = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
+        if let Some(held) = &mut this.held {
+            if r.is_pending() {
+                // The body's bytes arrive through the connection's I/O, driven here.
+                held.drive(cx);
+                r = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
+            }
+            match &r {
+                Poll::Ready(None) => held.release(),
+                // Failed, or aborted by a drain: the connection is closed, never reused.
+                Poll::Ready(Some(Err(_))) => this.held = None,
+                _ => {}
+            }
+        }
+        r
     }
 
     fn is_end_stream(&self) -> bool {

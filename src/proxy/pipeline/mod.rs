@@ -4,7 +4,9 @@
 //! becomes a [`Rejection`]; the upstream is called at most once and only for requests that
 //! passed the guard (the pooled clients never retry).
 
+mod affine;
 mod body;
+mod forward;
 mod refuse;
 mod request;
 mod rewrite;
@@ -22,9 +24,11 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 pub use crate::flight::{Aborted, BodyError};
+pub use affine::Affinity;
 pub use body::{RequestBody, Tracked};
 
 use self::body::InflightGuard;
+use self::forward::{forward, Forwarded};
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward};
 use self::upstream::Upstream;
@@ -34,10 +38,6 @@ use crate::drain::Ticket;
 use crate::metrics::{Metrics, Outcome, Outcomes, RouteMetrics};
 use crate::path::{self, PathError};
 use crate::reject::{Context, Rejection};
-
-/// How long an aborted request's upstream exchange is kept alive so that it ends with an error
-/// reset rather than a cancel (see `handle`).
-const ABORT_HOLD: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub type ProxyBody = Either<Tracked, Full<Bytes>>;
@@ -120,7 +120,13 @@ impl Proxy {
     }
 
     /// Handles one request from `peer`. Never fails: refusals are responses.
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<ProxyBody> {
+    /// `affinity` is the client connection's own: its upstream connection between requests.
+    pub async fn handle(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        affinity: &Arc<Affinity>,
+    ) -> Response<ProxyBody> {
         let started = Instant::now();
         let grpc = grpc_content_type(req.headers());
 
@@ -227,55 +233,15 @@ impl Proxy {
                 ticket: body_ticket,
             },
         );
-        // The pooled client's future is `Unpin` and owns everything: an aborted request can hand
-        // it to a task of its own (see below).
-        let mut pending = upstream.client.request(req);
-        let response_timeout = upstream.settings.response_timeout;
-        let call = async {
-            match response_timeout {
-                Some(limit) => match tokio::time::timeout(limit, &mut pending).await {
-                    Ok(r) => r.map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
-                    Err(_) => Err(Rejection::UpstreamTimeout(limit)),
-                },
-                None => (&mut pending)
-                    .await
-                    .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
-            }
-        };
         // A newer owner's drain that runs out of time aborts this request and the client gets
-        // 409. The abort is polled first: it also fails the request body, which can end `call`
-        // with an upstream error in the same wake-up, and that must not turn the 409 into a 502.
-        let result = match &aborted {
-            None => call.await,
-            Some(generation) => {
-                let answered = tokio::select! {
-                    biased;
-                    () = generation.aborted() => None,
-                    r = call => Some(r),
-                };
-                match answered {
-                    Some(r) => r,
-                    None => {
-                        // The request body fails at its next poll, which resets the upstream
-                        // HTTP/2 stream with INTERNAL_ERROR (HTTP/1.1: closes the connection
-                        // mid-body). Dropping the response future before that would make hyper
-                        // reset the stream with CANCEL instead, which a tonic server takes for
-                        // the clean end of a client stream: the upstream would apply a partial
-                        // write. So the future lives on in its own task until the body has
-                        // failed (the call then ends). An HTTP/2 upstream that grants no send
-                        // window never lets hyper poll the body again; the future is kept for
-                        // ABORT_HOLD in that case, then dropped.
-                        tokio::spawn(async move {
-                            let _ = tokio::time::timeout(ABORT_HOLD, pending).await;
-                        });
-                        return self.aborted(route, token, grpc, peer, started);
-                    }
-                }
-            }
+        // 409.
+        let result = match forward(upstream, affinity, req, aborted.as_ref()).await {
+            Forwarded::Answered(r) => r,
+            Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started),
         };
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
-            Ok(resp) => {
+            Ok((resp, held)) => {
                 m.count(outcome);
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &self.header);
@@ -285,6 +251,7 @@ impl Proxy {
                         inner: body,
                         _inflight: inflight,
                         flight: crate::flight::Flight::of(ticket),
+                        held,
                     }),
                 )
             }
@@ -306,15 +273,4 @@ impl Proxy {
             }
         }
     }
-}
-
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

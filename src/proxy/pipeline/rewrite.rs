@@ -57,19 +57,28 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
                 .or_else(|| parts.uri.authority().cloned()),
         }
     };
+    let path_and_query = path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut uri = http::uri::Parts::default();
-    uri.scheme = Some(settings.scheme.clone());
-    // The connector always dials the upstream, so the URI can carry the client's authority:
-    // HTTP/2 sends it as :authority (which must agree with any Host), HTTP/1.1 gets a Host
-    // header below.
-    uri.authority = Some(match settings.protocol {
-        Protocol::H2c => client_authority
-            .clone()
-            .unwrap_or_else(|| settings.authority.clone()),
-        Protocol::Http1 => settings.authority.clone(),
-    });
-    uri.path_and_query = Some(path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/")));
-    parts.uri = Uri::from_parts(uri).expect("scheme, authority and path are set");
+    match settings.protocol {
+        // The connector always dials the upstream, so the URI can carry the client's
+        // authority: HTTP/2 sends it as :authority (which must agree with any Host).
+        Protocol::H2c => {
+            uri.scheme = Some(settings.scheme.clone());
+            uri.authority = Some(
+                client_authority
+                    .clone()
+                    .unwrap_or_else(|| settings.authority.clone()),
+            );
+            uri.path_and_query = Some(path_and_query);
+        }
+        // hyper's HTTP/1.1 connection writes the URI as given: origin-form (`/path?query`),
+        // CONNECT's authority-form; the Host header is set below.
+        Protocol::Http1 if parts.method == http::Method::CONNECT => {
+            uri.authority = Some(settings.authority.clone());
+        }
+        Protocol::Http1 => uri.path_and_query = Some(path_and_query),
+    }
+    parts.uri = Uri::from_parts(uri).expect("the URI's parts agree with its form");
     parts.version = match settings.protocol {
         Protocol::Http1 => Version::HTTP_11,
         Protocol::H2c => Version::HTTP_2,
@@ -151,13 +160,26 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, protect: &HeaderName) {
     if !h.keys().any(hop) {
         return;
     }
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|s| s.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
+    // `Connection: keep-alive` (or `close`), what nearly every HTTP/1.1 message carries, names
+    // no other header: no list to build.
+    let names_others = h.get_all(header::CONNECTION).iter().any(|v| {
+        v.as_bytes().split(|b| *b == b',').any(|t| {
+            let t = t.trim_ascii();
+            !t.is_empty()
+                && !t.eq_ignore_ascii_case(b"keep-alive")
+                && !t.eq_ignore_ascii_case(b"close")
+        })
+    });
+    let named: Vec<HeaderName> = if !names_others {
+        Vec::new()
+    } else {
+        h.get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|s| s.split(','))
+            .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+            .collect()
+    };
     for n in named {
         if n != header::TE && n != header::HOST && n != header::CONTENT_LENGTH && n != *protect {
             h.remove(n);

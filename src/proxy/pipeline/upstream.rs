@@ -1,5 +1,7 @@
-//! Upstream connection pools: one pooled client per `[[upstream]]`, dialing its address.
+//! Upstreams: HTTP/1.1 upstreams are connection-affine (see [`super::affine`]); h2c upstreams
+//! share one pooled, multiplexing client.
 
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use http::Uri;
@@ -7,20 +9,45 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
+use super::affine::{Dialer, IdlePool};
 use super::body::RequestBody;
 use crate::config::{Protocol, UpstreamSettings};
 
-/// One configured upstream and its pooled client.
+/// One configured upstream and how palisade reaches it.
 pub(super) struct Upstream {
     pub(super) settings: UpstreamSettings,
-    pub(super) client: Client<Dial, RequestBody>,
+    pub(super) via: Via,
+}
+
+/// How requests reach an upstream.
+pub(super) enum Via {
+    /// HTTP/1.1: the client connection's own upstream connection, or one from the idle pool.
+    Affine { pool: Arc<IdlePool>, dialer: Dialer },
+    /// h2c: one shared client; HTTP/2 multiplexes every request over its connection.
+    Pooled(Box<Client<Dial, RequestBody>>),
 }
 
 impl Upstream {
     pub(super) fn new(settings: &UpstreamSettings) -> Self {
+        let via = match settings.protocol {
+            Protocol::Http1 => Via::Affine {
+                pool: Arc::default(),
+                dialer: Dialer {
+                    host: settings
+                        .authority
+                        .host()
+                        .trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                    port: settings.authority.port_u16().unwrap_or(80),
+                    connect_timeout: settings.connect_timeout,
+                },
+            },
+            Protocol::H2c => Via::Pooled(Box::new(client_for(settings))),
+        };
         Self {
             settings: settings.clone(),
-            client: client_for(settings),
+            via,
         }
     }
 }
@@ -65,6 +92,6 @@ fn client_for(u: &UpstreamSettings) -> Client<Dial, RequestBody> {
         // written before the pooled connection closed.
         .retry_canceled_requests(false)
         .pool_max_idle_per_host(usize::MAX)
-        .http2_only(u.protocol == Protocol::H2c);
+        .http2_only(true);
     b.build(connector)
 }

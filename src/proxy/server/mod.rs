@@ -82,34 +82,35 @@ pub async fn serve<H, F, B>(
         grace,
         ..Limits::default()
     };
+    let handle = move |req, peer, _: &Arc<()>| handle(req, peer);
     serve_with(listener, handle, shutdown, limits, None).await;
 }
 
-/// [`serve`] with explicit [`Limits`] and, optionally, connection metrics.
+/// [`serve`] with explicit [`Limits`], optionally connection metrics, and state of type `C`
+/// per client connection (created when the connection is accepted, dropped when it ends; the
+/// proxy keeps the connection's own upstream connection there).
 ///
 /// Out of file descriptors (`EMFILE`/`ENFILE`), the loop frees a descriptor it keeps in
 /// reserve, accepts the waiting connection and closes it at once, then takes the reserve back:
 /// the kernel's queue drains instead of the same error coming back in a busy loop. Without a
 /// reserve it backs off for 50 ms.
-pub async fn serve_with<H, F, B>(
+pub async fn serve_with<H, F, B, C>(
     listener: TcpListener,
     handle: H,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
     metrics: Option<ConnMetrics>,
 ) where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, SocketAddr, &Arc<C>) -> F + Clone + Send + Sync + 'static,
+    C: Default + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: Body<Data = bytes::Bytes> + Send + 'static,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper's own head timer runs from the moment a keep-alive connection starts waiting for
-    // the next head; the watchdog in `conn` enforces the precise limits, this is a backstop.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.idle_timeout + limits.header_read_timeout);
+    // The watchdog in `conn` bounds slow heads (first and later ones). hyper's own head timer
+    // would add a timer and an allocation to every request for nothing, so it is off.
+    builder.http1().header_read_timeout(None);
     let mut h2 = builder.http2();
     h2.timer(TokioTimer::new());
     if let Some(every) = limits.http2_keepalive_interval {
@@ -169,9 +170,10 @@ pub async fn serve_with<H, F, B>(
         let state = conn::State::new();
         let handle = handle.clone();
         let svc_state = Arc::clone(&state);
+        let local = Arc::new(C::default());
         let svc = service_fn(move |req| {
             let active = svc_state.request_started();
-            let fut = handle(req, peer);
+            let fut = handle(req, peer, &local);
             async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
         });
         let io = conn::Watched::new(stream, Arc::clone(&state));

@@ -1,0 +1,326 @@
+//! Connection-affine HTTP/1.1 upstreams: each client connection keeps its own upstream
+//! connection and drives it inside its own task.
+//!
+//! Why: with a shared pool every request checks a connection out under a lock, hands the
+//! request over a channel to the task that owns the upstream socket, and wakes that task and
+//! then the client's task again. nginx instead keeps upstream keep-alive connections per
+//! worker and moves bytes between two sockets in one event loop. Here the client
+//! connection's task polls the upstream connection itself: while it waits for the response
+//! head ([`Exchange`]) and while it streams the response body ([`Held`]). A request goes
+//! client -> guard -> upstream -> client with no lock held across it and no hop between tasks.
+//!
+//! Where a connection lives between requests:
+//! - in its client connection's [`Affinity`] slot, taken by that connection's next request
+//!   (HTTP/1.1 clients send one request at a time, so the slot is almost always a hit);
+//! - in the upstream's shared [`IdlePool`] when the slot was taken (HTTP/2 clients with
+//!   concurrent streams) or its client connection closed, so short client connections do
+//!   not pay a new upstream connect each time.
+//!
+//! A connection is reused only after it finished its exchange cleanly (response body read to
+//! its end); one dropped mid-body, failed, or aborted by a drain is closed. A reused
+//! connection is polled once before use: if the upstream closed it while it sat idle, it is
+//! dropped and another is taken.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::body::RequestBody;
+
+/// An idle connection older than this is closed rather than reused (hyper-util's pool
+/// default, which the shared pool used before).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// At most this many idle connections are kept per upstream.
+const MAX_IDLE: usize = 1024;
+
+type Conn = http1::Connection<TokioIo<TcpStream>, RequestBody>;
+
+/// One upstream HTTP/1.1 connection: the handle that sends requests and the future that does
+/// the I/O, which whoever holds it must poll.
+pub(super) struct UpConn {
+    sender: http1::SendRequest<RequestBody>,
+    conn: Pin<Box<Conn>>,
+    /// The connection future returned (the upstream closed it, or it failed).
+    done: bool,
+}
+
+impl UpConn {
+    /// Drives the connection's I/O; `true` once it ended.
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.done {
+            if let Poll::Ready(r) = self.conn.as_mut().poll(cx) {
+                if let Err(e) = r {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+                self.done = true;
+            }
+        }
+        self.done
+    }
+
+    /// Whether the connection can take a request now, polled once with `cx`.
+    fn usable(&mut self, cx: &mut Context<'_>) -> bool {
+        !self.drive(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+    }
+}
+
+/// The upstream's shared cache of idle connections, most recently used last.
+#[derive(Default)]
+pub(super) struct IdlePool {
+    idle: Mutex<Vec<(Instant, UpConn)>>,
+}
+
+impl IdlePool {
+    fn put(&self, c: UpConn) {
+        let now = Instant::now();
+        let mut idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        idle.retain(|(since, _)| now.duration_since(*since) < IDLE_TIMEOUT);
+        if idle.len() < MAX_IDLE {
+            idle.push((now, c));
+        }
+    }
+
+    fn take(&self) -> Option<UpConn> {
+        let now = Instant::now();
+        let mut idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        while let Some((since, c)) = idle.pop() {
+            if now.duration_since(since) < IDLE_TIMEOUT {
+                return Some(c);
+            }
+        }
+        None
+    }
+}
+
+/// A client connection's own upstream connection, between two of its requests.
+#[derive(Default)]
+pub struct Affinity {
+    slot: Mutex<Option<(Arc<IdlePool>, UpConn)>>,
+}
+
+impl std::fmt::Debug for Affinity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Affinity").finish_non_exhaustive()
+    }
+}
+
+impl Affinity {
+    fn take(&self, pool: &Arc<IdlePool>) -> Option<UpConn> {
+        let mut slot = self
+            .slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match slot.take() {
+            Some((p, c)) if Arc::ptr_eq(&p, pool) => Some(c),
+            // A connection to another upstream: it goes to its own upstream's pool.
+            Some((p, c)) => {
+                drop(slot);
+                p.put(c);
+                None
+            }
+            None => None,
+        }
+    }
+
+    fn put(&self, pool: &Arc<IdlePool>, c: UpConn) {
+        let mut slot = self
+            .slot
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if slot.is_none() {
+            *slot = Some((Arc::clone(pool), c));
+        } else {
+            drop(slot);
+            pool.put(c);
+        }
+    }
+}
+
+impl Drop for Affinity {
+    fn drop(&mut self) {
+        let slot = self
+            .slot
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((pool, c)) = slot.take() {
+            pool.put(c);
+        }
+    }
+}
+
+/// Where an upstream connection goes back to once its exchange is over.
+#[derive(Clone)]
+pub(super) struct Home {
+    pub(super) affinity: Arc<Affinity>,
+    pub(super) pool: Arc<IdlePool>,
+}
+
+/// Why a request could not be sent.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SendError {
+    #[error("tcp connect error: {0}")]
+    Connect(#[source] std::io::Error),
+    #[error("tcp connect timed out after {0:?}")]
+    ConnectTimeout(Duration),
+    #[error("http/1.1 handshake failed: {0}")]
+    Handshake(#[source] hyper::Error),
+    #[error("{0}")]
+    Request(#[source] hyper::Error),
+}
+
+/// Where and how to dial an upstream.
+pub(super) struct Dialer {
+    pub(super) host: String,
+    pub(super) port: u16,
+    pub(super) connect_timeout: Duration,
+}
+
+impl Dialer {
+    async fn dial(&self) -> Result<UpConn, SendError> {
+        let connect = TcpStream::connect((self.host.as_str(), self.port));
+        let tcp = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(SendError::Connect(e)),
+            Err(_) => return Err(SendError::ConnectTimeout(self.connect_timeout)),
+        };
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(tcp))
+            .await
+            .map_err(SendError::Handshake)?;
+        Ok(UpConn {
+            sender,
+            conn: Box::pin(conn),
+            done: false,
+        })
+    }
+}
+
+/// A usable connection: the client connection's own, else an idle one, else a new one.
+async fn checkout(home: &Home, dialer: &Dialer) -> Result<UpConn, SendError> {
+    let mut candidate = home.affinity.take(&home.pool);
+    loop {
+        let Some(mut c) = candidate.take().or_else(|| home.pool.take()) else {
+            return dialer.dial().await;
+        };
+        if std::future::poll_fn(|cx| Poll::Ready(c.usable(cx))).await {
+            return Ok(c);
+        }
+        // Closed by the upstream while idle (or not ready): dropped, try the next.
+    }
+}
+
+/// Sends `req` on a connection of `home`'s upstream and waits for the response head, polling
+/// the connection's I/O in the caller's task.
+///
+/// The request is sent at most once: a reused connection that turns out closed before any of
+/// the request was written (hyper gives the request back) is replaced by a new connection; a
+/// request hyper has started writing is never sent again.
+pub(super) async fn send(
+    home: &Home,
+    dialer: &Dialer,
+    req: Request<RequestBody>,
+) -> Result<(Response<Incoming>, Held), SendError> {
+    let mut c = checkout(home, dialer).await?;
+    let mut sent = Box::pin(c.sender.try_send_request(req));
+    let first = Exchange {
+        conn: &mut c,
+        response: sent.as_mut(),
+    }
+    .await;
+    drop(sent);
+    let resp = match first {
+        Ok(r) => r,
+        Err(mut e) => match e.take_message() {
+            Some(req) => {
+                tracing::debug!(error = %e.error(), "reused upstream connection closed before the request was written; dialing a new one");
+                c = dialer.dial().await?;
+                let mut sent = Box::pin(c.sender.try_send_request(req));
+                let r = Exchange {
+                    conn: &mut c,
+                    response: sent.as_mut(),
+                }
+                .await;
+                drop(sent);
+                r.map_err(|e| SendError::Request(e.into_error()))?
+            }
+            None => return Err(SendError::Request(e.into_error())),
+        },
+    };
+    Ok((
+        resp,
+        Held {
+            conn: Some(c),
+            home: home.clone(),
+        },
+    ))
+}
+
+/// Polls the connection and the response future together until the response head arrives.
+struct Exchange<'a, F> {
+    conn: &'a mut UpConn,
+    response: Pin<&'a mut F>,
+}
+
+impl<F: Future> Future for Exchange<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        // The response future hands the request to the connection; the connection writes it
+        // and reads the answer; then the response future completes. Polling the response
+        // first lets a request queued just now go out in this same wake-up.
+        if let Poll::Ready(r) = this.response.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        this.conn.drive(cx);
+        this.response.as_mut().poll(cx)
+    }
+}
+
+/// An upstream connection whose response body is still streaming: the response body polls it
+/// and, when the body ended cleanly, gives it back to its [`Home`].
+pub(super) struct Held {
+    conn: Option<UpConn>,
+    home: Home,
+}
+
+impl Held {
+    /// Drives the connection's I/O (the response body's bytes arrive through it).
+    pub(super) fn drive(&mut self, cx: &mut Context<'_>) {
+        if let Some(c) = &mut self.conn {
+            c.drive(cx);
+        }
+    }
+
+    /// The response body ended cleanly: the connection may serve another request, if it is
+    /// idle. It is not when the upstream answered before the request body was sent in full
+    /// (an early 413, say) and hyper is still sending it: that connection is closed, so no
+    /// request body is left half-sent on a connection nobody drives.
+    pub(super) fn release(&mut self) {
+        let Some(mut c) = self.conn.take() else {
+            return;
+        };
+        // One more turn of the connection's I/O lets hyper finish the exchange and go idle.
+        // No task waits on this poll: nothing to wake.
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        if !c.drive(&mut cx) && c.sender.is_ready() {
+            self.home.affinity.put(&self.home.pool, c);
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Connection-affine HTTP/1.1 upstreams: a client connection keeps its upstream connection,
+//! idle ones are handed on to later client connections, and a connection the upstream closed
+//! while idle is never used.
+//!
+//! The upstream here is a hand-written HTTP/1.1 server on a raw socket, so that the test sees
+//! exactly how many connections palisade opened and what each request head looked like.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "{marks}"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST", "PUT", "PATCH", "DELETE"]
+resource = "orders"
+
+[[route]]
+name = "reads"
+upstream = "legacy"
+path_prefix = "/"
+guard = false
+"#;
+
+/// A raw HTTP/1.1 upstream: answers every request head with `200 ok`, counts connections and
+/// keeps every request head it read. With `idle_close`, it closes a connection that stayed
+/// idle that long (a keep-alive timeout, as most servers have), without telling anyone.
+struct RawUpstream {
+    addr: std::net::SocketAddr,
+    connections: Arc<AtomicUsize>,
+    heads: Arc<Mutex<Vec<String>>>,
+}
+
+async fn raw_upstream(idle_close: Option<Duration>) -> RawUpstream {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let (c, h) = (Arc::clone(&connections), Arc::clone(&heads));
+    tokio::spawn(async move {
+        loop {
+            let (sock, _) = listener.accept().await.unwrap();
+            c.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve_raw(sock, Arc::clone(&h), idle_close));
+        }
+    });
+    RawUpstream {
+        addr,
+        connections,
+        heads,
+    }
+}
+
+async fn serve_raw(mut sock: TcpStream, heads: Arc<Mutex<Vec<String>>>, idle: Option<Duration>) {
+    let mut buf = Vec::new();
+    loop {
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut chunk = [0u8; 4096];
+            let read = sock.read(&mut chunk);
+            let n = match idle {
+                Some(limit) => match tokio::time::timeout(limit, read).await {
+                    Ok(r) => r,
+                    Err(_) => return, // idle too long: close
+                },
+                None => read.await,
+            };
+            match n {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let end = buf.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+        buf.drain(..end);
+        heads.lock().unwrap().push(head);
+        if sock
+            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Sends `GET path` on `sock` (HTTP/1.1, keep-alive) and reads the whole `200 ok` answer.
+async fn get_on(sock: &mut TcpStream, path: &str) -> String {
+    let req = format!("GET {path} HTTP/1.1\r\nhost: api.test\r\n\r\n");
+    sock.write_all(req.as_bytes()).await.unwrap();
+    read_response(sock).await
+}
+
+async fn read_response(sock: &mut TcpStream) -> String {
+    let mut buf = Vec::new();
+    loop {
+        let mut chunk = [0u8; 4096];
+        let n = sock.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "palisade closed the connection; got {buf:?}");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let len: usize = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                return text;
+            }
+        }
+    }
+}
+
+async fn setup(idle_close: Option<Duration>) -> (RawUpstream, support::Proxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let up = raw_upstream(idle_close).await;
+    let text = support::render(CONFIG, up.addr, &dir.path().join("marks.json"));
+    let proxy = support::proxy(&text, dir.path()).await;
+    (up, proxy, dir)
+}
+
+/// Waits until the proxy has no client connection open (its tasks, and what they held, are
+/// gone), from its own gauge.
+async fn wait_no_client_connections(proxy: &support::Proxy) {
+    for _ in 0..500 {
+        let m = proxy.metrics().await;
+        // The admin request itself is on the admin listener, not counted here.
+        if support::metric(&m, "palisade_connections_open{listener=\"proxy\"}") == Some(0.0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("client connections stayed open");
+}
+
+#[tokio::test]
+async fn a_client_connections_requests_share_one_upstream_connection() {
+    let (up, proxy, _dir) = setup(None).await;
+    let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
+    for i in 0..50 {
+        let r = get_on(&mut sock, &format!("/items/{i}")).await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    }
+    assert_eq!(up.heads.lock().unwrap().len(), 50);
+    assert_eq!(up.connections.load(Ordering::SeqCst), 1);
+    // Requests are sent in origin-form with the client's Host.
+    let first = up.heads.lock().unwrap()[0].clone();
+    assert!(first.starts_with("GET /items/0 HTTP/1.1\r\n"), "{first}");
+    assert!(
+        first
+            .to_ascii_lowercase()
+            .contains("\r\nhost: api.test\r\n"),
+        "{first}"
+    );
+}
+
+#[tokio::test]
+async fn short_client_connections_take_over_idle_upstream_connections() {
+    let (up, proxy, _dir) = setup(None).await;
+    for i in 0..10 {
+        let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
+        let r = get_on(&mut sock, &format!("/items/{i}")).await;
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+        drop(sock);
+        wait_no_client_connections(&proxy).await;
+    }
+    assert_eq!(up.heads.lock().unwrap().len(), 10);
+    assert_eq!(
+        up.connections.load(Ordering::SeqCst),
+        1,
+        "each new client connection should reuse the idle upstream connection"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_connection_closed_while_idle_is_replaced_not_used() {
+    // The upstream closes connections idle for 50 ms; the client waits longer between its
+    // requests, so every request after the first finds its upstream connection closed.
+    let (up, proxy, _dir) = setup(Some(Duration::from_millis(50))).await;
+    let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
+    for i in 0..5 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let r = get_on(&mut sock, &format!("/items/{i}")).await;
+        assert!(r.starts_with("HTTP/1.1 200"), "request {i}: {r}");
+    }
+    let heads = up.heads.lock().unwrap().clone();
+    assert_eq!(
+        heads.len(),
+        5,
+        "each request reached the upstream exactly once"
+    );
+    assert_eq!(up.connections.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn concurrent_http2_streams_to_an_http1_upstream_reuse_connections() {
+    let (up, proxy, _dir) = setup(None).await;
+    let client = support::h2c_client();
+    for round in 0..3 {
+        let mut tasks = Vec::new();
+        for i in 0..16 {
+            let (client, url) = (client.clone(), proxy.url(&format!("/items/{round}-{i}")));
+            tasks.push(tokio::spawn(async move {
+                let req = http::Request::get(url)
+                    .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    .unwrap();
+                let resp = client.request(req).await.unwrap();
+                support::read(resp).await
+            }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.unwrap().status, 200);
+        }
+    }
+    assert_eq!(up.heads.lock().unwrap().len(), 48);
+    let opened = up.connections.load(Ordering::SeqCst);
+    assert!(
+        opened <= 16,
+        "at most one upstream connection per concurrent stream, reused across rounds: {opened}"
+    );
+}
+
+#[tokio::test]
+async fn absolute_form_requests_reach_the_upstream_in_origin_form() {
+    let (up, proxy, _dir) = setup(None).await;
+    let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
+    // HTTP/1.0 without Host, naming the host in the request line.
+    sock.write_all(b"GET http://api.test/items/1?x=1 HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let r = read_response(&mut sock).await;
+    assert!(r.starts_with("HTTP/1.0 200"), "{r}");
+    let head = up.heads.lock().unwrap()[0].to_ascii_lowercase();
+    assert!(head.starts_with("get /items/1?x=1 http/1.1\r\n"), "{head}");
+    assert!(head.contains("\r\nhost: api.test\r\n"), "{head}");
+}
