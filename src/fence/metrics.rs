@@ -30,10 +30,12 @@ pub enum Outcome {
     /// The path matched a guarded route with `other_methods = "reject"` but the method is not
     /// one it lists: 405.
     MethodNotAllowed,
+    /// The request body was larger than the route's `max_body_bytes`: 413.
+    TooLarge,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 9] = [
+    const ALL: [Outcome; 10] = [
         Outcome::Admitted,
         Outcome::Passthrough,
         Outcome::Stale,
@@ -43,6 +45,7 @@ impl Outcome {
         Outcome::NoRoute,
         Outcome::UpstreamError,
         Outcome::MethodNotAllowed,
+        Outcome::TooLarge,
     ];
 
     /// The label value.
@@ -57,6 +60,7 @@ impl Outcome {
             Outcome::NoRoute => "no_route",
             Outcome::UpstreamError => "upstream_error",
             Outcome::MethodNotAllowed => "method_not_allowed",
+            Outcome::TooLarge => "too_large",
         }
     }
 }
@@ -82,7 +86,7 @@ pub struct Metrics {
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
 #[derive(Debug, Clone)]
-pub struct Outcomes([IntCounter; 9]);
+pub struct Outcomes([IntCounter; 10]);
 
 impl Outcomes {
     /// Counts one request under `outcome`.

@@ -67,6 +67,12 @@ pub enum Rejection {
     /// The upstream did not send response headers in time.
     #[error("upstream did not respond within {0:?}")]
     UpstreamTimeout(std::time::Duration),
+    /// The request body is larger than the route's `max_body_bytes`.
+    #[error("the request body is larger than this route's limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The route's `max_body_bytes`.
+        limit: u64,
+    },
 }
 
 /// The request's content type if it is gRPC: `application/grpc`, `application/grpc-web` or
@@ -104,6 +110,7 @@ pub struct Context<'a> {
 // gRPC status codes (grpc/doc/statuscodes.md).
 const INVALID_ARGUMENT: u8 = 3;
 const DEADLINE_EXCEEDED: u8 = 4;
+const RESOURCE_EXHAUSTED: u8 = 8;
 const ABORTED: u8 = 10;
 const UNIMPLEMENTED: u8 = 12;
 const UNAVAILABLE: u8 = 14;
@@ -148,6 +155,11 @@ impl Rejection {
                 StatusCode::GATEWAY_TIMEOUT,
                 DEADLINE_EXCEEDED,
                 "upstream_timeout",
+            ),
+            Rejection::BodyTooLarge { .. } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                RESOURCE_EXHAUSTED,
+                "body_too_large",
             ),
         }
     }

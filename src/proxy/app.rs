@@ -124,6 +124,7 @@ pub async fn run(
         idle_timeout: p.idle_timeout,
         http2_keepalive_interval: p.http2_keepalive_interval,
         grace,
+        max_header_bytes: p.max_header_bytes,
     };
     // The admin listener is for operators and scrapers: a few connections are plenty, and its
     // own budget means a flood of connections on the data path does not lock operators out

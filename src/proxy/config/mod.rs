@@ -20,6 +20,7 @@ use crate::path;
 
 mod etcd;
 mod raw;
+mod upstream;
 mod validate;
 mod warnings;
 
@@ -97,6 +98,9 @@ pub struct ProxySettings {
     pub http2_keepalive_interval: Option<Duration>,
     /// `require_nfkc_paths`: refuse paths whose decoded text changes under Unicode NFKC.
     pub require_nfkc_paths: bool,
+    /// `max_header_bytes`: the largest request head (request line and headers) accepted;
+    /// HTTP/1.1 clients over it get 431, HTTP/2 clients a stream error.
+    pub max_header_bytes: usize,
 }
 
 /// `[admin]`.
@@ -144,14 +148,23 @@ pub struct UpstreamSettings {
     pub name: String,
     /// Scheme of `url` (always `http`).
     pub scheme: Scheme,
-    /// Host and port of `url`.
+    /// Host and port of `url`, or of the first of `urls`.
     pub authority: Authority,
+    /// Host and port of every address (`url`, or each of `urls`), tried round robin.
+    pub addresses: Vec<Authority>,
     /// `protocol`.
     pub protocol: Protocol,
-    /// `connect_timeout_ms`.
+    /// `connect_timeout_ms` (default 2000): per address tried.
     pub connect_timeout: Duration,
-    /// `response_timeout_ms`: until the response headers arrive; `None` when 0.
+    /// `response_timeout_ms` (default 30000): until the response headers arrive; `None` when 0.
     pub response_timeout: Option<Duration>,
+    /// `idle_timeout_ms` (default 90000): an idle upstream connection older than this is
+    /// closed rather than reused.
+    pub idle_timeout: Duration,
+    /// `max_fails` (default 1): consecutive connect failures that eject an address.
+    pub max_fails: u32,
+    /// `fail_timeout_ms` (default 10000): how long an ejected address is skipped.
+    pub fail_timeout: Duration,
 }
 
 pub use crate::guard::MissingToken;
@@ -209,6 +222,12 @@ pub struct RouteSettings {
     /// `drain_timeout_ms`: on an advance through this route, how long to wait for requests
     /// admitted under older marks before aborting them (see [`crate::drain`]).
     pub drain_timeout: Duration,
+    /// `connect_timeout_ms`: the upstream's unless the route sets its own.
+    pub connect_timeout: Duration,
+    /// `response_timeout_ms`: the upstream's unless the route sets its own; `None` when 0.
+    pub response_timeout: Option<Duration>,
+    /// `max_body_bytes`: the largest request body forwarded; larger ones get 413.
+    pub max_body_bytes: Option<u64>,
 }
 
 /// What a route does with a request whose path (and host) it matches but whose method it does
@@ -268,6 +287,12 @@ pub enum ConfigError {
 
 /// The default admin address: loopback only.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
+
+/// Default `proxy.max_header_bytes`: 64 KiB, as nginx's `large_client_header_buffers` allows
+/// in total.
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+/// The smallest `proxy.max_header_bytes`: hyper's HTTP/1.1 read buffer cannot be smaller.
+pub const MIN_HEADER_BYTES: usize = 8 * 1024;
 
 impl Config {
     /// Reads and validates the file at `path`.

@@ -31,6 +31,7 @@ pub(super) struct Proxy {
     pub(super) http2_keepalive_interval_ms: u64,
     #[serde(default)]
     pub(super) require_nfkc_paths: bool,
+    pub(super) max_header_bytes: Option<Spanned<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -69,13 +70,16 @@ pub(super) struct Marks {
 #[serde(deny_unknown_fields)]
 pub(super) struct Upstream {
     pub(super) name: Spanned<String>,
-    pub(super) url: Spanned<String>,
+    pub(super) url: Option<Spanned<String>>,
+    pub(super) urls: Option<Spanned<Vec<Spanned<String>>>>,
     #[serde(default = "default_protocol")]
     pub(super) protocol: Protocol,
-    #[serde(default = "default_connect_timeout")]
-    pub(super) connect_timeout_ms: u64,
+    pub(super) connect_timeout_ms: Option<Spanned<u64>>,
     #[serde(default = "default_response_timeout")]
     pub(super) response_timeout_ms: u64,
+    pub(super) idle_timeout_ms: Option<Spanned<u64>>,
+    pub(super) max_fails: Option<Spanned<u32>>,
+    pub(super) fail_timeout_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -101,6 +105,9 @@ pub(super) struct Route {
     pub(super) max_token: Option<Spanned<u64>>,
     #[serde(default = "default_drain")]
     pub(super) drain_timeout_ms: u64,
+    pub(super) connect_timeout_ms: Option<Spanned<u64>>,
+    pub(super) response_timeout_ms: Option<u64>,
+    pub(super) max_body_bytes: Option<Spanned<u64>>,
 }
 
 fn default_grace() -> u64 {
@@ -120,9 +127,6 @@ fn default_get_bodies() -> GetBodies {
 }
 fn default_protocol() -> Protocol {
     Protocol::Http1
-}
-fn default_connect_timeout() -> u64 {
-    2_000
 }
 fn default_response_timeout() -> u64 {
     30_000

@@ -4,8 +4,7 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::time::Duration;
 
-use http::uri::Scheme;
-use http::{Method, Uri};
+use http::Method;
 use toml::Spanned;
 
 use super::*;
@@ -39,6 +38,17 @@ impl Validator<'_> {
             http2_keepalive_interval: (raw.proxy.http2_keepalive_interval_ms > 0)
                 .then(|| Duration::from_millis(raw.proxy.http2_keepalive_interval_ms)),
             require_nfkc_paths: raw.proxy.require_nfkc_paths,
+            max_header_bytes: match raw.proxy.max_header_bytes {
+                None => DEFAULT_MAX_HEADER_BYTES,
+                Some(m) if *m.get_ref() < MIN_HEADER_BYTES => {
+                    return Err(self.at(
+                        &m,
+                        "proxy.max_header_bytes",
+                        format_args!("must be at least {MIN_HEADER_BYTES}"),
+                    ))
+                }
+                Some(m) => m.into_inner(),
+            },
         };
         let admin = match raw.admin {
             None => Some(AdminSettings {
@@ -99,53 +109,8 @@ impl Validator<'_> {
 
         let mut upstreams: Vec<UpstreamSettings> = Vec::with_capacity(raw.upstream.len());
         for (i, u) in raw.upstream.into_iter().enumerate() {
-            let key = |k: &str| format!("upstream[{i}].{k}");
-            let name = u.name.get_ref();
-            if name.is_empty() {
-                return Err(self.at(&u.name, key("name"), "must not be empty"));
-            }
-            if upstreams.iter().any(|x| &x.name == name) {
-                return Err(self.at(
-                    &u.name,
-                    key("name"),
-                    format_args!("another [[upstream]] is already named {name:?}"),
-                ));
-            }
-            let bad_url = |why: &str| {
-                self.at(
-                    &u.url,
-                    key("url"),
-                    format_args!("{:?} {why}", u.url.get_ref()),
-                )
-            };
-            let uri: Uri = u
-                .url
-                .get_ref()
-                .parse()
-                .map_err(|_| bad_url("is not a URL"))?;
-            if uri.scheme() != Some(&Scheme::HTTP) {
-                return Err(bad_url(
-                    "must start with http:// (TLS to upstreams is not supported yet)",
-                ));
-            }
-            let authority = uri
-                .authority()
-                .cloned()
-                .ok_or_else(|| bad_url("has no host"))?;
-            if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-                return Err(bad_url(
-                    "must not have a path or query: routes forward the request's own path",
-                ));
-            }
-            upstreams.push(UpstreamSettings {
-                name: name.clone(),
-                scheme: Scheme::HTTP,
-                authority,
-                protocol: u.protocol,
-                connect_timeout: Duration::from_millis(u.connect_timeout_ms),
-                response_timeout: (u.response_timeout_ms > 0)
-                    .then(|| Duration::from_millis(u.response_timeout_ms)),
-            });
+            let u = self.upstream(i, u, &upstreams)?;
+            upstreams.push(u);
         }
 
         let mut routes: Vec<RouteSettings> = Vec::with_capacity(raw.route.len());
@@ -249,6 +214,20 @@ impl Validator<'_> {
                 }
                 m => m.map(Spanned::into_inner),
             };
+            let up = &upstreams[upstream];
+            let connect_timeout = match r.connect_timeout_ms {
+                Some(t) if *t.get_ref() == 0 => {
+                    return Err(self.at(&t, key("connect_timeout_ms"), "must be at least 1"))
+                }
+                Some(t) => Duration::from_millis(t.into_inner()),
+                None => up.connect_timeout,
+            };
+            let response_timeout = match r.response_timeout_ms {
+                Some(0) => None,
+                Some(t) => Some(Duration::from_millis(t)),
+                None => up.response_timeout,
+            };
+            let max_body_bytes = r.max_body_bytes.map(Spanned::into_inner);
             spans.push(r.name.span().start);
             routes.push(RouteSettings {
                 name,
@@ -264,6 +243,9 @@ impl Validator<'_> {
                 get_bodies: r.get_bodies,
                 max_token,
                 drain_timeout: Duration::from_millis(r.drain_timeout_ms),
+                connect_timeout,
+                response_timeout,
+                max_body_bytes,
             });
         }
         let warnings = self.method_warnings(&routes, &spans);

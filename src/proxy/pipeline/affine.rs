@@ -35,10 +35,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::RequestBody;
+use super::dial::{DialError, Dialer};
 
-/// An idle connection older than this is closed rather than reused (hyper-util's pool
-/// default, which the shared pool used before).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// At most this many idle connections are kept per upstream.
 const MAX_IDLE: usize = 1024;
 
@@ -74,21 +72,29 @@ impl UpConn {
 }
 
 /// The upstream's shared cache of idle connections, most recently used last.
-#[derive(Default)]
 pub(super) struct IdlePool {
     idle: Mutex<Vec<(Instant, UpConn)>>,
+    /// An idle connection older than this is closed rather than reused (`idle_timeout_ms`).
+    timeout: Duration,
 }
 
 impl IdlePool {
-    fn put(&self, c: UpConn) {
+    pub(super) fn new(timeout: Duration) -> Self {
+        Self {
+            idle: Mutex::new(Vec::new()),
+            timeout,
+        }
+    }
+
+    fn put(&self, since: Instant, c: UpConn) {
         let now = Instant::now();
         let mut idle = self
             .idle
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        idle.retain(|(since, _)| now.duration_since(*since) < IDLE_TIMEOUT);
-        if idle.len() < MAX_IDLE {
-            idle.push((now, c));
+        idle.retain(|(since, _)| now.duration_since(*since) < self.timeout);
+        if idle.len() < MAX_IDLE && now.duration_since(since) < self.timeout {
+            idle.push((since, c));
         }
     }
 
@@ -99,7 +105,7 @@ impl IdlePool {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         while let Some((since, c)) = idle.pop() {
-            if now.duration_since(since) < IDLE_TIMEOUT {
+            if now.duration_since(since) < self.timeout {
                 return Some(c);
             }
         }
@@ -110,7 +116,14 @@ impl IdlePool {
 /// A client connection's own upstream connection, between two of its requests.
 #[derive(Default)]
 pub struct Affinity {
-    slot: Mutex<Option<(Arc<IdlePool>, UpConn)>>,
+    slot: Mutex<Option<Parked>>,
+}
+
+/// An idle connection in a client connection's slot: which pool it belongs to, since when.
+struct Parked {
+    pool: Arc<IdlePool>,
+    since: Instant,
+    conn: UpConn,
 }
 
 impl std::fmt::Debug for Affinity {
@@ -125,28 +138,34 @@ impl Affinity {
             .slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match slot.take() {
-            Some((p, c)) if Arc::ptr_eq(&p, pool) => Some(c),
-            // A connection to another upstream: it goes to its own upstream's pool.
-            Some((p, c)) => {
-                drop(slot);
-                p.put(c);
-                None
+        let parked = slot.take()?;
+        drop(slot);
+        if Arc::ptr_eq(&parked.pool, pool) {
+            if parked.since.elapsed() < pool.timeout {
+                return Some(parked.conn);
             }
-            None => None,
+            return None; // idle too long: closed
         }
+        // A connection to another upstream: it goes to its own upstream's pool.
+        parked.pool.put(parked.since, parked.conn);
+        None
     }
 
-    fn put(&self, pool: &Arc<IdlePool>, c: UpConn) {
+    fn put(&self, pool: &Arc<IdlePool>, conn: UpConn) {
+        let since = Instant::now();
         let mut slot = self
             .slot
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if slot.is_none() {
-            *slot = Some((Arc::clone(pool), c));
+            *slot = Some(Parked {
+                pool: Arc::clone(pool),
+                since,
+                conn,
+            });
         } else {
             drop(slot);
-            pool.put(c);
+            pool.put(since, conn);
         }
     }
 }
@@ -157,8 +176,8 @@ impl Drop for Affinity {
             .slot
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((pool, c)) = slot.take() {
-            pool.put(c);
+        if let Some(p) = slot.take() {
+            p.pool.put(p.since, p.conn);
         }
     }
 }
@@ -173,50 +192,34 @@ pub(super) struct Home {
 /// Why a request could not be sent.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum SendError {
-    #[error("tcp connect error: {0}")]
-    Connect(#[source] std::io::Error),
-    #[error("tcp connect timed out after {0:?}")]
-    ConnectTimeout(Duration),
+    #[error(transparent)]
+    Dial(#[from] DialError),
     #[error("http/1.1 handshake failed: {0}")]
     Handshake(#[source] hyper::Error),
     #[error("{0}")]
     Request(#[source] hyper::Error),
 }
 
-/// Where and how to dial an upstream.
-pub(super) struct Dialer {
-    pub(super) host: String,
-    pub(super) port: u16,
-    pub(super) connect_timeout: Duration,
-}
-
-impl Dialer {
-    async fn dial(&self) -> Result<UpConn, SendError> {
-        let connect = TcpStream::connect((self.host.as_str(), self.port));
-        let tcp = match tokio::time::timeout(self.connect_timeout, connect).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(SendError::Connect(e)),
-            Err(_) => return Err(SendError::ConnectTimeout(self.connect_timeout)),
-        };
-        let _ = tcp.set_nodelay(true);
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(tcp))
-            .await
-            .map_err(SendError::Handshake)?;
-        Ok(UpConn {
-            sender,
-            conn: Box::pin(conn),
-            done: false,
-        })
-    }
+/// A new connection to one of the upstream's addresses.
+async fn dial(dialer: &Dialer, timeout: Duration) -> Result<UpConn, SendError> {
+    let tcp = dialer.connect(timeout).await?;
+    let (sender, conn) = http1::Builder::new()
+        .handshake(TokioIo::new(tcp))
+        .await
+        .map_err(SendError::Handshake)?;
+    Ok(UpConn {
+        sender,
+        conn: Box::pin(conn),
+        done: false,
+    })
 }
 
 /// A usable connection: the client connection's own, else an idle one, else a new one.
-async fn checkout(home: &Home, dialer: &Dialer) -> Result<UpConn, SendError> {
+async fn checkout(home: &Home, dialer: &Dialer, timeout: Duration) -> Result<UpConn, SendError> {
     let mut candidate = home.affinity.take(&home.pool);
     loop {
         let Some(mut c) = candidate.take().or_else(|| home.pool.take()) else {
-            return dialer.dial().await;
+            return dial(dialer, timeout).await;
         };
         if std::future::poll_fn(|cx| Poll::Ready(c.usable(cx))).await {
             return Ok(c);
@@ -234,9 +237,10 @@ async fn checkout(home: &Home, dialer: &Dialer) -> Result<UpConn, SendError> {
 pub(super) async fn send(
     home: &Home,
     dialer: &Dialer,
+    connect_timeout: Duration,
     req: Request<RequestBody>,
 ) -> Result<(Response<Incoming>, Held), SendError> {
-    let mut c = checkout(home, dialer).await?;
+    let mut c = checkout(home, dialer, connect_timeout).await?;
     let mut sent = Box::pin(c.sender.try_send_request(req));
     let first = Exchange {
         conn: &mut c,
@@ -249,7 +253,7 @@ pub(super) async fn send(
         Err(mut e) => match e.take_message() {
             Some(req) => {
                 tracing::debug!(error = %e.error(), "reused upstream connection closed before the request was written; dialing a new one");
-                c = dialer.dial().await?;
+                c = dial(dialer, connect_timeout).await?;
                 let mut sent = Box::pin(c.sender.try_send_request(req));
                 let r = Exchange {
                     conn: &mut c,

@@ -106,17 +106,38 @@ pub struct RequestBody {
     inner: Incoming,
     strip: Option<HeaderName>,
     flight: Option<Flight>,
+    limit: Option<BodyLimit>,
 }
 
 impl RequestBody {
-    pub(super) fn new(inner: Incoming, strip: Option<HeaderName>, ticket: Option<Ticket>) -> Self {
+    pub(super) fn new(
+        inner: Incoming,
+        strip: Option<HeaderName>,
+        ticket: Option<Ticket>,
+        limit: Option<BodyLimit>,
+    ) -> Self {
         Self {
             inner,
             strip,
             flight: Flight::of(ticket),
+            limit,
         }
     }
 }
+
+/// `max_body_bytes` for a body of unknown length (chunked, HTTP/2 without content-length):
+/// counted as it streams. Past the limit the body fails, so the upstream never receives its
+/// end (as with a drain's abort), and `hit` tells the pipeline to answer 413 rather than 502.
+pub(super) struct BodyLimit {
+    pub(super) max: u64,
+    pub(super) seen: u64,
+    pub(super) hit: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The error a body fails with past `max_body_bytes`.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body is larger than the route's max_body_bytes ({0})")]
+pub(super) struct TooLarge(u64);
 
 impl std::fmt::Debug for RequestBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -134,6 +155,15 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let polled = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
+        if let (Some(limit), Poll::Ready(Some(Ok(frame)))) = (&mut this.limit, &polled) {
+            if let Some(d) = frame.data_ref() {
+                limit.seen = limit.seen.saturating_add(d.len() as u64);
+                if limit.seen > limit.max {
+                    limit.hit.store(true, std::sync::atomic::Ordering::Release);
+                    return Poll::Ready(Some(Err(Box::new(TooLarge(limit.max)))));
+                }
+            }
+        }
         let Some(strip) = &this.strip else {
             return polled;
         };

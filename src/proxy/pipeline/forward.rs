@@ -10,6 +10,7 @@ use super::affine::{self, Held, Home};
 use super::body::RequestBody;
 use super::upstream::{Upstream, Via};
 use super::Affinity;
+use crate::config::RouteSettings;
 use crate::drain::Generation;
 use crate::reject::Rejection;
 
@@ -34,19 +35,20 @@ pub(super) enum Forwarded {
 /// upstream never receives its end (see the notes in the body).
 pub(super) async fn forward(
     upstream: &Upstream,
+    route: &RouteSettings,
     affinity: &Arc<Affinity>,
     req: Request<RequestBody>,
     aborted: Option<&Arc<Generation>>,
 ) -> Forwarded {
-    let limit = upstream.settings.response_timeout;
+    let limit = route.response_timeout;
     match &upstream.via {
-        Via::Affine { pool, dialer } => {
+        Via::Affine(pool) => {
             let home = Home {
                 affinity: Arc::clone(affinity),
                 pool: Arc::clone(pool),
             };
             let call = async {
-                let sent = affine::send(&home, dialer, req);
+                let sent = affine::send(&home, &upstream.dialer, route.connect_timeout, req);
                 let r = match limit {
                     Some(limit) => match tokio::time::timeout(limit, sent).await {
                         Ok(r) => r,

@@ -6,6 +6,7 @@
 
 mod affine;
 mod body;
+mod dial;
 mod forward;
 mod refuse;
 mod request;
@@ -14,6 +15,7 @@ mod upstream;
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +29,7 @@ pub use crate::flight::{Aborted, BodyError};
 pub use affine::Affinity;
 pub use body::{RequestBody, Tracked};
 
-use self::body::InflightGuard;
+use self::body::{BodyLimit, InflightGuard};
 use self::forward::{forward, Forwarded};
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward};
@@ -202,6 +204,23 @@ impl Proxy {
             Cow::Owned(p) => Some(p),
             Cow::Borrowed(_) => None,
         };
+        // An oversized body is refused before the guard: it must not advance a mark.
+        let limit = match route.settings.max_body_bytes {
+            None => None,
+            Some(max) => match http_body::Body::size_hint(req.body()).exact() {
+                Some(n) if n > max => {
+                    let why = Rejection::BodyTooLarge { limit: max };
+                    return self.refuse(route, why, Outcome::TooLarge, None, grpc, peer, started);
+                }
+                Some(_) => None,
+                None => Some(BodyLimit {
+                    max,
+                    seen: 0,
+                    hit: Arc::default(),
+                }),
+            },
+        };
+        let too_large = limit.as_ref().map(|l| Arc::clone(&l.hit));
         let m = &route.metrics;
         let inflight = InflightGuard::new(&m.inflight);
 
@@ -231,14 +250,23 @@ impl Proxy {
                 peer,
                 close: close_upstream,
                 ticket: body_ticket,
+                limit,
             },
         );
         // A newer owner's drain that runs out of time aborts this request and the client gets
         // 409.
-        let result = match forward(upstream, affinity, req, aborted.as_ref()).await {
+        let result = match forward(upstream, &route.settings, affinity, req, aborted.as_ref()).await
+        {
             Forwarded::Answered(r) => r,
             Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started),
         };
+        // The body went over `max_body_bytes` while streaming: the upstream got no complete
+        // request, and the client gets 413, not 502.
+        if result.is_err() && too_large.is_some_and(|hit| hit.load(Ordering::Acquire)) {
+            let limit = route.settings.max_body_bytes.unwrap_or_default();
+            let why = Rejection::BodyTooLarge { limit };
+            return self.refuse(route, why, Outcome::TooLarge, token, grpc, peer, started);
+        }
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok((resp, held)) => {

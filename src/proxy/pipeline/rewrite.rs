@@ -25,6 +25,8 @@ pub(super) struct Forward<'a> {
     pub(super) close: bool,
     /// The request body's half of a guarded request's drain ticket.
     pub(super) ticket: Option<crate::drain::Ticket>,
+    /// `max_body_bytes`, counted as the body streams (its length was not known up front).
+    pub(super) limit: Option<super::body::BodyLimit>,
 }
 
 /// Turns the client's request into the upstream request, in place.
@@ -122,7 +124,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     }
     h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     let strip = f.route.strip_token.then(|| f.token_header.clone());
-    Request::from_parts(parts, RequestBody::new(body, strip, f.ticket))
+    Request::from_parts(parts, RequestBody::new(body, strip, f.ticket, f.limit))
 }
 
 fn ip_header(ip: std::net::IpAddr) -> HeaderValue {

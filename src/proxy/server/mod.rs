@@ -49,6 +49,8 @@ pub struct Limits {
     pub http2_keepalive_interval: Option<Duration>,
     /// After shutdown begins, how long in-flight requests may still run.
     pub grace: Duration,
+    /// `max_header_bytes`: the largest request head; HTTP/1.1 clients over it get 431.
+    pub max_header_bytes: usize,
 }
 
 impl Default for Limits {
@@ -59,6 +61,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             http2_keepalive_interval: Some(Duration::from_secs(20)),
             grace: Duration::from_secs(10),
+            max_header_bytes: crate::config::DEFAULT_MAX_HEADER_BYTES,
         }
     }
 }
@@ -110,9 +113,13 @@ pub async fn serve_with<H, F, B, C>(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The watchdog in `conn` bounds slow heads (first and later ones). hyper's own head timer
     // would add a timer and an allocation to every request for nothing, so it is off.
-    builder.http1().header_read_timeout(None);
+    builder
+        .http1()
+        .header_read_timeout(None)
+        .max_buf_size(limits.max_header_bytes.max(crate::config::MIN_HEADER_BYTES));
     let mut h2 = builder.http2();
-    h2.timer(TokioTimer::new());
+    h2.timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     if let Some(every) = limits.http2_keepalive_interval {
         h2.keep_alive_interval(every).keep_alive_timeout(every);
     }

@@ -1,0 +1,120 @@
+//! `[[upstream]]` tables: one address (`url`) or several (`urls`), timeouts and ejection.
+
+use std::time::Duration;
+
+use http::uri::Scheme;
+use http::Uri;
+use toml::Spanned;
+
+use super::*;
+
+/// Default `connect_timeout_ms`.
+const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Default `idle_timeout_ms` (what hyper-util's pool uses).
+const IDLE_TIMEOUT_MS: u64 = 90_000;
+/// Default `fail_timeout_ms` (nginx's).
+const FAIL_TIMEOUT_MS: u64 = 10_000;
+
+impl Validator<'_> {
+    /// Validates upstream `i`; `earlier` are the ones before it (names must be unique).
+    pub(super) fn upstream(
+        &self,
+        i: usize,
+        u: raw::Upstream,
+        earlier: &[UpstreamSettings],
+    ) -> Result<UpstreamSettings, ConfigError> {
+        let key = |k: &str| format!("upstream[{i}].{k}");
+        let name = u.name.get_ref();
+        if name.is_empty() {
+            return Err(self.at(&u.name, key("name"), "must not be empty"));
+        }
+        if earlier.iter().any(|x| &x.name == name) {
+            return Err(self.at(
+                &u.name,
+                key("name"),
+                format_args!("another [[upstream]] is already named {name:?}"),
+            ));
+        }
+        let addresses = match (&u.url, &u.urls) {
+            (Some(url), None) => vec![self.address(url, &key("url"))?],
+            (None, Some(urls)) => {
+                if urls.get_ref().is_empty() {
+                    return Err(self.at(urls, key("urls"), "must list at least one URL"));
+                }
+                let mut out: Vec<Authority> = Vec::with_capacity(urls.get_ref().len());
+                for (j, url) in urls.get_ref().iter().enumerate() {
+                    let a = self.address(url, &key(&format!("urls[{j}]")))?;
+                    if out.contains(&a) {
+                        return Err(self.at(
+                            url,
+                            key(&format!("urls[{j}]")),
+                            format_args!("{a} is listed twice"),
+                        ));
+                    }
+                    out.push(a);
+                }
+                out
+            }
+            (Some(url), Some(_)) => {
+                return Err(self.at(url, key("url"), "set either url or urls, not both"))
+            }
+            (None, None) => {
+                return Err(self.at(
+                    &u.name,
+                    key("url"),
+                    "an upstream needs url (one address) or urls (several)",
+                ))
+            }
+        };
+        let positive = |v: &Option<Spanned<u64>>, k: &str, default: u64| match v {
+            Some(t) if *t.get_ref() == 0 => Err(self.at(t, key(k), "must be at least 1")),
+            Some(t) => Ok(*t.get_ref()),
+            None => Ok(default),
+        };
+        let connect_timeout = positive(
+            &u.connect_timeout_ms,
+            "connect_timeout_ms",
+            CONNECT_TIMEOUT_MS,
+        )?;
+        let idle_timeout = positive(&u.idle_timeout_ms, "idle_timeout_ms", IDLE_TIMEOUT_MS)?;
+        let fail_timeout = positive(&u.fail_timeout_ms, "fail_timeout_ms", FAIL_TIMEOUT_MS)?;
+        let max_fails = match u.max_fails {
+            Some(m) if *m.get_ref() == 0 => {
+                return Err(self.at(&m, key("max_fails"), "must be at least 1"))
+            }
+            Some(m) => m.into_inner(),
+            None => 1,
+        };
+        Ok(UpstreamSettings {
+            name: name.clone(),
+            scheme: Scheme::HTTP,
+            authority: addresses[0].clone(),
+            addresses,
+            protocol: u.protocol,
+            connect_timeout: Duration::from_millis(connect_timeout),
+            response_timeout: (u.response_timeout_ms > 0)
+                .then(|| Duration::from_millis(u.response_timeout_ms)),
+            idle_timeout: Duration::from_millis(idle_timeout),
+            max_fails,
+            fail_timeout: Duration::from_millis(fail_timeout),
+        })
+    }
+
+    /// One upstream URL: `http://host:port`, nothing after the authority.
+    fn address(&self, url: &Spanned<String>, key: &str) -> Result<Authority, ConfigError> {
+        let bad = |why: &str| self.at(url, key, format_args!("{:?} {why}", url.get_ref()));
+        let uri: Uri = url.get_ref().parse().map_err(|_| bad("is not a URL"))?;
+        if uri.scheme() != Some(&Scheme::HTTP) {
+            return Err(bad(
+                "must start with http:// (TLS to upstreams is not supported yet)",
+            ));
+        }
+        let authority = uri.authority().cloned().ok_or_else(|| bad("has no host"))?;
+        if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+            return Err(bad(
+                "must not have a path or query: routes forward the request's own path",
+            ));
+        }
+        Ok(authority)
+    }
+}

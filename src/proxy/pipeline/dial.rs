@@ -1,0 +1,181 @@
+//! Dialing an upstream with one or several addresses: round robin, and passive ejection of
+//! an address after `max_fails` consecutive connect failures, for `fail_timeout`.
+//!
+//! A failed connect moves on to the next address at once: nothing of the request was sent, so
+//! trying elsewhere cannot deliver it twice. Once connected, a request is never moved.
+//! When every address is ejected they are all tried anyway, in order: an upstream that came
+//! back is found by the next request instead of after `fail_timeout`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::Uri;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::config::UpstreamSettings;
+
+/// Why no connection could be opened.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum DialError {
+    /// Every address was tried and failed; the last failure is the source.
+    #[error(
+        "no address of upstream {upstream:?} accepted a connection ({tried} tried); last: {last}"
+    )]
+    AllFailed {
+        upstream: String,
+        tried: usize,
+        #[source]
+        last: AddressError,
+    },
+}
+
+/// One address's connect failure.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum AddressError {
+    #[error("{address}: tcp connect error: {source}")]
+    Connect {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{address}: tcp connect timed out after {after:?}")]
+    Timeout { address: String, after: Duration },
+}
+
+struct Address {
+    host: String,
+    port: u16,
+    shown: String,
+    /// Consecutive connect failures.
+    fails: AtomicU32,
+    /// Milliseconds after the dialer's epoch until which the address is skipped.
+    ejected_until: AtomicU64,
+}
+
+/// The addresses of one upstream and their health as seen by connects.
+pub(super) struct Dialer {
+    upstream: String,
+    addresses: Vec<Address>,
+    next: AtomicUsize,
+    max_fails: u32,
+    fail_timeout: Duration,
+    epoch: Instant,
+}
+
+impl Dialer {
+    pub(super) fn new(settings: &UpstreamSettings) -> Self {
+        let addresses = settings
+            .addresses
+            .iter()
+            .map(|a| Address {
+                host: a
+                    .host()
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .to_owned(),
+                port: a.port_u16().unwrap_or(80),
+                shown: a.to_string(),
+                fails: AtomicU32::new(0),
+                ejected_until: AtomicU64::new(0),
+            })
+            .collect();
+        Self {
+            upstream: settings.name.clone(),
+            addresses,
+            next: AtomicUsize::new(0),
+            max_fails: settings.max_fails,
+            fail_timeout: settings.fail_timeout,
+            epoch: Instant::now(),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Opens a connection to the next live address, moving on after each failure.
+    pub(super) async fn connect(&self, timeout: Duration) -> Result<TcpStream, DialError> {
+        let n = self.addresses.len();
+        let start = if n == 1 {
+            0
+        } else {
+            self.next.fetch_add(1, Ordering::Relaxed) % n
+        };
+        let now = self.now_ms();
+        let live = |a: &Address| a.ejected_until.load(Ordering::Relaxed) <= now;
+        let any_live = self.addresses.iter().any(live);
+        let mut last = None;
+        let mut tried = 0;
+        for i in 0..n {
+            let a = &self.addresses[(start + i) % n];
+            if any_live && !live(a) {
+                continue;
+            }
+            tried += 1;
+            let attempt =
+                tokio::time::timeout(timeout, TcpStream::connect((a.host.as_str(), a.port)));
+            let err = match attempt.await {
+                Ok(Ok(s)) => {
+                    a.fails.store(0, Ordering::Relaxed);
+                    a.ejected_until.store(0, Ordering::Relaxed);
+                    let _ = s.set_nodelay(true);
+                    return Ok(s);
+                }
+                Ok(Err(source)) => AddressError::Connect {
+                    address: a.shown.clone(),
+                    source,
+                },
+                Err(_) => AddressError::Timeout {
+                    address: a.shown.clone(),
+                    after: timeout,
+                },
+            };
+            let fails = a.fails.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+            if fails >= self.max_fails {
+                let until = self.now_ms().saturating_add(
+                    u64::try_from(self.fail_timeout.as_millis()).unwrap_or(u64::MAX),
+                );
+                a.ejected_until.store(until, Ordering::Relaxed);
+                tracing::warn!(upstream = %self.upstream, address = %a.shown, error = %err, fails, eject_for = ?self.fail_timeout, "upstream address ejected");
+            } else {
+                tracing::warn!(upstream = %self.upstream, address = %a.shown, error = %err, "upstream connect failed");
+            }
+            last = Some(err);
+        }
+        Err(DialError::AllFailed {
+            upstream: self.upstream.clone(),
+            tried,
+            last: last.expect("an upstream has at least one address"),
+        })
+    }
+}
+
+/// The h2c pooled client's connector: dials through the shared [`Dialer`] whatever
+/// authority the request URI carries (which, for h2c, is the client's, sent on as
+/// :authority).
+#[derive(Clone)]
+pub(super) struct Dial {
+    pub(super) dialer: Arc<Dialer>,
+    pub(super) timeout: Duration,
+}
+
+impl tower_service::Service<Uri> for Dial {
+    type Response = TokioIo<TcpStream>;
+    type Error = DialError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, DialError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), DialError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Uri) -> Self::Future {
+        let (dialer, timeout) = (Arc::clone(&self.dialer), self.timeout);
+        Box::pin(async move { dialer.connect(timeout).await.map(TokioIo::new) })
+    }
+}

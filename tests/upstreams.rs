@@ -1,0 +1,435 @@
+//! Upstreams with several addresses, per-route timeouts, and request size limits
+//! (`urls`, `max_fails`, `connect_timeout_ms`/`response_timeout_ms` per route,
+//! `max_body_bytes`, `proxy.max_header_bytes`).
+
+mod support;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// What the upstream saw: every request head, and the size of every upload it read whole.
+#[derive(Clone, Default)]
+struct Seen {
+    heads: Arc<Mutex<Vec<String>>>,
+    uploads: Arc<Mutex<Vec<u64>>>,
+}
+
+/// An upstream that answers `/upload` with the byte count (recording only complete bodies),
+/// `/slow?MS` after MS milliseconds, and anything else with `ok`.
+async fn upstream() -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Seen::default();
+    let s = seen.clone();
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |req: Request<Incoming>, _| {
+            let s = s.clone();
+            async move {
+                s.heads
+                    .lock()
+                    .unwrap()
+                    .push(format!("{} {}", req.method(), req.uri()));
+                let body = match req.uri().path() {
+                    "/upload" => match req.into_body().collect().await {
+                        Ok(b) => {
+                            let n = b.to_bytes().len() as u64;
+                            s.uploads.lock().unwrap().push(n);
+                            n.to_string()
+                        }
+                        Err(_) => "incomplete".to_owned(),
+                    },
+                    "/slow" => {
+                        let ms = req
+                            .uri()
+                            .query()
+                            .and_then(|q| q.parse().ok())
+                            .unwrap_or(500);
+                        tokio::time::sleep(Duration::from_millis(ms)).await;
+                        "slow done".to_owned()
+                    }
+                    _ => "ok".to_owned(),
+                };
+                Response::new(Full::new(Bytes::from(body)))
+            }
+        },
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    (addr, seen)
+}
+
+/// An address nothing listens on (bound, then released).
+async fn dead_address() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap()
+}
+
+async fn proxy(config: &str) -> (support::Proxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let text = config.replace(
+        "{marks}",
+        &dir.path().join("marks.json").display().to_string(),
+    );
+    let p = support::proxy(&text, dir.path()).await;
+    (p, dir)
+}
+
+fn config(upstream: &str, route_extra: &str) -> String {
+    format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+[marks]
+store = "file"
+path = "{{marks}}"
+[[upstream]]
+name = "legacy"
+{upstream}
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/"
+methods = ["POST", "PUT"]
+resource = "orders"
+{route_extra}
+[[route]]
+name = "reads"
+upstream = "legacy"
+path_prefix = "/"
+guard = false
+{route_extra}
+"#
+    )
+}
+
+/// GET on a new client connection each time, so that every request may need a new upstream
+/// connection.
+async fn get_fresh(url: &str) -> support::Got {
+    support::get(url).await
+}
+
+#[tokio::test]
+async fn an_upstream_with_a_dead_address_answers_every_request() {
+    let (live, seen) = upstream().await;
+    let dead = dead_address().await;
+    let (p, _dir) = proxy(&config(
+        &format!(r#"urls = ["http://{dead}", "http://{live}"]"#),
+        "",
+    ))
+    .await;
+    // Concurrent requests need several upstream connections: several dials, round robin.
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let url = p.url(&format!("/slow?{}", 20 + i));
+        tasks.push(tokio::spawn(async move { get_fresh(&url).await }));
+    }
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    for i in 0..10 {
+        let r = get_fresh(&p.url(&format!("/items/{i}"))).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    assert_eq!(seen.heads.lock().unwrap().len(), 34);
+}
+
+#[tokio::test]
+async fn an_ejected_address_is_skipped_until_its_fail_timeout() {
+    let (live, _seen) = upstream().await;
+    let dead = dead_address().await;
+    let (p, _dir) = proxy(&config(
+        &format!(
+            r#"urls = ["http://{dead}", "http://{live}"]
+max_fails = 1
+fail_timeout_ms = 60000"#
+        ),
+        "",
+    ))
+    .await;
+    // The first dials find the dead address and eject it.
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let url = p.url("/slow?50");
+        tasks.push(tokio::spawn(async move { get_fresh(&url).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, StatusCode::OK);
+    }
+    // The dead address comes back, counting connections: while ejected, it gets none.
+    let back = TcpListener::bind(dead).await.unwrap();
+    let accepted = Arc::new(Mutex::new(0usize));
+    let a = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = back.accept().await {
+            *a.lock().unwrap() += 1;
+            drop(s);
+        }
+    });
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let url = p.url("/slow?50");
+        tasks.push(tokio::spawn(async move { get_fresh(&url).await }));
+    }
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, StatusCode::OK);
+    }
+    assert_eq!(
+        *accepted.lock().unwrap(),
+        0,
+        "an ejected address was dialed"
+    );
+}
+
+#[tokio::test]
+async fn a_stopped_upstream_gives_502_quickly() {
+    let dead = dead_address().await;
+    let (p, _dir) = proxy(&config(
+        &format!("url = \"http://{dead}\"\nconnect_timeout_ms = 10000"),
+        "",
+    ))
+    .await;
+    let started = Instant::now();
+    let r = get_fresh(&p.url("/items/1")).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(r.text().contains("connect"), "{}", r.text());
+    // Refused at once: no waiting for the connect timeout.
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_slow_upstream_gives_504_after_the_routes_timeout() {
+    let (live, _seen) = upstream().await;
+    let (p, _dir) = proxy(&config(
+        &format!("url = \"http://{live}\"\nresponse_timeout_ms = 30000"),
+        "response_timeout_ms = 300",
+    ))
+    .await;
+    let started = Instant::now();
+    let r = get_fresh(&p.url("/slow?5000")).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(300), "{took:?}");
+    assert!(took < Duration::from_millis(4000), "{took:?}");
+    // Within the limit: answered.
+    let r = get_fresh(&p.url("/slow?10")).await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+/// An upstream that reads a whole request (head and Content-Length body), counts it, and
+/// closes the connection without answering.
+async fn breaking_upstream() -> (SocketAddr, Arc<Mutex<usize>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(Mutex::new(0usize));
+    let c = Arc::clone(&count);
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let c = Arc::clone(&c);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut chunk).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len: usize = text[..end]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .map_or(0, |v| v.trim().parse().unwrap());
+                        if buf.len() >= end + 4 + len {
+                            *c.lock().unwrap() += 1;
+                            return; // drop: close without a response
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, count)
+}
+
+#[tokio::test]
+async fn a_post_whose_upstream_breaks_after_the_body_gets_502_and_is_sent_once() {
+    let (addr, count) = breaking_upstream().await;
+    let (p, _dir) = proxy(&config(&format!("url = \"http://{addr}\""), "")).await;
+    let mut sock = TcpStream::connect(p.addr).await.unwrap();
+    sock.write_all(
+        b"POST /orders/1 HTTP/1.1\r\nhost: api.test\r\nx-fencing-token: 3\r\ncontent-length: 5\r\n\r\nhello",
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&out).contains("\r\n\r\n") {
+        let n = sock.read(&mut chunk).await.unwrap();
+        assert!(n > 0);
+        out.extend_from_slice(&chunk[..n]);
+    }
+    let head = String::from_utf8_lossy(&out).into_owned();
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    assert_eq!(
+        *count.lock().unwrap(),
+        1,
+        "the upstream saw the request once"
+    );
+}
+
+#[tokio::test]
+async fn bodies_over_max_body_bytes_get_413_and_never_reach_the_upstream_whole() {
+    let (live, seen) = upstream().await;
+    let (p, _dir) = proxy(&config(
+        &format!("url = \"http://{live}\""),
+        "max_body_bytes = 1000",
+    ))
+    .await;
+    let client = support::http1_client();
+    // Known length over the limit: refused before the guard; the mark does not move.
+    let r = support::send(
+        &client,
+        http::Method::POST,
+        &p.url("/upload"),
+        &[("x-fencing-token", b"9")],
+        &[b'x'; 1001],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    assert_eq!(r.json()["error"], "body_too_large");
+    assert!(p.marks().await.get("orders").is_none_or(|m| m != 9));
+    // At the limit: forwarded.
+    let r = support::send(
+        &client,
+        http::Method::POST,
+        &p.url("/upload"),
+        &[("x-fencing-token", b"4")],
+        &[b'x'; 1000],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "1000");
+    // Unknown length (chunked), over the limit while streaming: 413, and the upstream never
+    // got a complete body.
+    let chunks: Vec<Result<Frame<Bytes>, Infallible>> = (0..8)
+        .map(|_| Ok(Frame::data(Bytes::from(vec![b'y'; 400]))))
+        .collect();
+    let req = Request::post(p.url("/upload"))
+        .header("x-fencing-token", "4")
+        .body(StreamBody::new(tokio_stream::iter(chunks)))
+        .unwrap();
+    let resp = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http()
+        .request(req)
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        *seen.uploads.lock().unwrap(),
+        vec![1000],
+        "only the upload within the limit completed"
+    );
+    let m = p.metrics().await;
+    assert_eq!(
+        support::metric(
+            &m,
+            "palisade_requests_total{outcome=\"too_large\",route=\"orders\"}"
+        ),
+        Some(2.0)
+    );
+}
+
+#[tokio::test]
+async fn a_request_head_over_max_header_bytes_gets_431() {
+    let (live, seen) = upstream().await;
+    let text = config(&format!("url = \"http://{live}\""), "").replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\nmax_header_bytes = 16384\n",
+    );
+    let (p, _dir) = proxy(&text).await;
+    let mut sock = TcpStream::connect(p.addr).await.unwrap();
+    let big = "a".repeat(20_000);
+    sock.write_all(
+        format!("GET /items/1 HTTP/1.1\r\nhost: api.test\r\nx-big: {big}\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    let _ = sock.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    assert!(seen.heads.lock().unwrap().is_empty());
+    // Under the limit: forwarded.
+    let r = support::send(
+        &support::http1_client(),
+        http::Method::GET,
+        &p.url("/items/1"),
+        &[("x-big", "b".repeat(10_000).as_bytes())],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+}
+
+#[test]
+fn upstream_config_errors_name_their_key() {
+    let cases = [
+        (
+            "url = \"http://127.0.0.1:1\"\nurls = [\"http://127.0.0.1:2\"]",
+            "upstream[0].url",
+            "either url or urls",
+        ),
+        ("urls = []", "upstream[0].urls", "at least one"),
+        (
+            "urls = [\"http://127.0.0.1:2\", \"http://127.0.0.1:2\"]",
+            "upstream[0].urls[1]",
+            "listed twice",
+        ),
+        (
+            "urls = [\"https://127.0.0.1:2\"]",
+            "upstream[0].urls[0]",
+            "http://",
+        ),
+        (
+            "url = \"http://127.0.0.1:1\"\nmax_fails = 0",
+            "upstream[0].max_fails",
+            "at least 1",
+        ),
+        (
+            "protocol = \"http1\"",
+            "upstream[0].url",
+            "url (one address) or urls",
+        ),
+    ];
+    for (upstream, key, why) in cases {
+        let text = config(upstream, "").replace("{marks}", "/tmp/m.json");
+        let err = palisade::Config::parse(&text, std::path::Path::new("/etc/p.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{upstream}: {err}");
+        assert!(err.contains(why), "{upstream}: {err}");
+        assert!(err.contains("/etc/p.toml:"), "{upstream}: {err}");
+    }
+    let text = config("url = \"http://127.0.0.1:1\"", "connect_timeout_ms = 0")
+        .replace("{marks}", "/tmp/m.json");
+    let err = palisade::Config::parse(&text, std::path::Path::new("/etc/p.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("route[0].connect_timeout_ms"), "{err}");
+}
