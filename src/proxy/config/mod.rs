@@ -228,6 +228,10 @@ pub struct RouteSettings {
     pub response_timeout: Option<Duration>,
     /// `max_body_bytes`: the largest request body forwarded; larger ones get 413.
     pub max_body_bytes: Option<u64>,
+    /// `websocket`: HTTP/1.1 `Upgrade: websocket` requests are forwarded as upgrades (guarded
+    /// once, at the upgrade request); otherwise `Upgrade` is removed like any hop-by-hop
+    /// header.
+    pub websocket: bool,
 }
 
 /// What a route does with a request whose path (and host) it matches but whose method it does

@@ -108,6 +108,7 @@ pub(super) struct Route {
     pub(super) connect_timeout_ms: Option<Spanned<u64>>,
     pub(super) response_timeout_ms: Option<u64>,
     pub(super) max_body_bytes: Option<Spanned<u64>>,
+    pub(super) websocket: Option<Spanned<bool>>,
 }
 
 fn default_grace() -> u64 {

@@ -228,6 +228,14 @@ impl Validator<'_> {
                 None => up.response_timeout,
             };
             let max_body_bytes = r.max_body_bytes.map(Spanned::into_inner);
+            let websocket = match r.websocket {
+                Some(w) if *w.get_ref() && up.protocol != Protocol::Http1 => return Err(self.at(
+                    &w,
+                    key("websocket"),
+                    "needs an upstream with protocol = \"http1\" (WebSocket upgrades are HTTP/1.1)",
+                )),
+                w => w.is_some_and(Spanned::into_inner),
+            };
             spans.push(r.name.span().start);
             routes.push(RouteSettings {
                 name,
@@ -246,6 +254,7 @@ impl Validator<'_> {
                 connect_timeout,
                 response_timeout,
                 max_body_bytes,
+                websocket,
             });
         }
         let warnings = self.method_warnings(&routes, &spans);

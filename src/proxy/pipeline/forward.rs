@@ -117,7 +117,7 @@ pub(super) async fn forward(
     }
 }
 
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

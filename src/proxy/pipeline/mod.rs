@@ -11,6 +11,7 @@ mod forward;
 mod refuse;
 mod request;
 mod rewrite;
+mod upgrade;
 mod upstream;
 
 use std::borrow::Cow;
@@ -21,7 +22,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Method, Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
@@ -125,7 +126,7 @@ impl Proxy {
     /// `affinity` is the client connection's own: its upstream connection between requests.
     pub async fn handle(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         peer: SocketAddr,
         affinity: &Arc<Affinity>,
     ) -> Response<ProxyBody> {
@@ -239,7 +240,11 @@ impl Proxy {
             None => (None, None),
         };
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
-        let req = prepare(
+        // A WebSocket upgrade on a route that allows it: the client's connection is taken over
+        // once palisade answers 101.
+        let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
+            .then(|| hyper::upgrade::on(&mut req));
+        let mut req = prepare(
             req,
             Forward {
                 route: &route.settings,
@@ -255,8 +260,13 @@ impl Proxy {
         );
         // A newer owner's drain that runs out of time aborts this request and the client gets
         // 409.
-        let result = match forward(upstream, &route.settings, affinity, req, aborted.as_ref()).await
-        {
+        let forwarded = if client_upgrade.is_some() {
+            upgrade::upgrade_headers(req.headers_mut());
+            upgrade::forward(upstream, &route.settings, req, aborted.as_ref()).await
+        } else {
+            forward(upstream, &route.settings, affinity, req, aborted.as_ref()).await
+        };
+        let result = match forwarded {
             Forwarded::Answered(r) => r,
             Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started),
         };
@@ -269,8 +279,17 @@ impl Proxy {
         }
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
-            Ok((resp, held)) => {
+            Ok((mut resp, held)) => {
                 m.count(outcome);
+                if let Some(client) =
+                    client_upgrade.filter(|_| resp.status() == StatusCode::SWITCHING_PROTOCOLS)
+                {
+                    upgrade::tunnel(client, &mut resp, ticket, inflight);
+                    let (mut parts, _) = resp.into_parts();
+                    strip_hop_by_hop(&mut parts.headers, &self.header);
+                    upgrade::upgrade_headers(&mut parts.headers);
+                    return Response::from_parts(parts, Either::Right(Full::new(Bytes::new())));
+                }
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &self.header);
                 Response::from_parts(

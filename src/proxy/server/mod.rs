@@ -184,7 +184,10 @@ pub async fn serve_with<H, F, B, C>(
             async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
         });
         let io = conn::Watched::new(stream, Arc::clone(&state));
-        let conn = builder.serve_connection(TokioIo::new(io), svc).into_owned();
+        // With upgrades: a WebSocket route answers 101 and takes the connection over.
+        let conn = builder
+            .serve_connection_with_upgrades(TokioIo::new(io), svc)
+            .into_owned();
         let watch = conn::Watch {
             state,
             limits: Arc::clone(&limits),
@@ -226,7 +229,7 @@ fn out_of_descriptors(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(23 | 24))
 }
 
-impl<I, S, E, B> conn::GracefulShutdown for auto::Connection<'static, I, S, E>
+impl<I, S, E, B> conn::GracefulShutdown for auto::UpgradeableConnection<'static, I, S, E>
 where
     S: hyper::service::HttpService<Incoming, ResBody = B>,
     S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
