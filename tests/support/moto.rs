@@ -23,7 +23,10 @@ fn binary() -> PathBuf {
         .unwrap_or_else(|| {
             let cache = std::env::var_os("XDG_CACHE_HOME")
                 .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache"));
+                .unwrap_or_else(|| {
+                    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+                    PathBuf::from(home).join(".cache")
+                });
             cache.join("palisade/moto/bin/moto_server")
         });
     assert!(
