@@ -338,3 +338,13 @@ async fn bad_names_options_records_and_double_campaigns_are_typed_errors() {
         Err(Error::AlreadyCampaigning { .. })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_same_elector_may_campaign_again_as_soon_as_release_returns() {
+    let store = memory();
+    let a = elector(&store, "a").await;
+    for expected in 1..=3 {
+        let token = a.lead("job", |ctx| async move { ctx.token.get() }).await;
+        assert_eq!(token.unwrap(), expected);
+    }
+}

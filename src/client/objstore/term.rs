@@ -184,11 +184,9 @@ pub(super) fn start(shared: Arc<Shared>, won: Won, claim: Claim) -> Leadership {
         token: won.token,
         held: won.stored,
         state: state_tx,
+        claim: Some(claim),
     };
-    tokio::spawn(async move {
-        term.run(won.sent, release_rx).await;
-        drop(claim);
-    });
+    tokio::spawn(term.run(won.sent, release_rx));
     leadership
 }
 
@@ -198,6 +196,9 @@ struct Term {
     /// The record as we last wrote it, and its version.
     held: Stored,
     state: watch::Sender<TermState>,
+    /// This elector's candidacy for the name: given up before `release` returns, so the
+    /// caller may campaign again at once.
+    claim: Option<Claim>,
 }
 
 /// How a renewal attempt went.
@@ -336,6 +337,7 @@ impl Term {
             }),
             (None, Err(e)) => Err(e),
         };
+        drop(self.claim.take());
         match asked {
             Some(reply) => {
                 let _ = reply.send(answer);
