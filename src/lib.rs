@@ -13,6 +13,8 @@
 //!   [`election`] and [`semaphore`] on etcd (feature `etcd`) or in memory ([`provider`]), each
 //!   handing out tokens, and [`transport`] to stamp them on requests. Always built. With
 //!   `etcd`, `fenced_txn` makes writes to etcd itself commit only while their writer owns.
+//!   With `object-store`, [`objstore`] leads elections on an object store (S3, GCS, Azure,
+//!   in memory) with the lease record's generation as the token: no etcd needed.
 //! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
@@ -35,7 +37,9 @@
 //! `proxy` (default) builds the `palisade` binary and everything it needs. A library user
 //! who only takes locks and leads elections sets `default-features = false, features =
 //! ["etcd"]` and compiles no HTTP server, configuration or metrics; `layer` adds the guard as
-//! a tower layer; `etcd-tls` adds TLS to etcd; `grpc` adds gRPC metadata helpers.
+//! a tower layer; `etcd-tls` adds TLS to etcd; `grpc` adds gRPC metadata helpers;
+//! `object-store` adds [`objstore`] (bring your own `object_store` backend) and
+//! `object-store-aws` the same with object_store's S3 client.
 
 pub mod client;
 #[cfg(feature = "fence")]
@@ -46,6 +50,8 @@ pub mod token;
 
 #[cfg(feature = "etcd")]
 pub use client::fenced_txn;
+#[cfg(feature = "object-store")]
+pub use client::objstore;
 pub(crate) use client::queue;
 pub use client::{election, error, lock, provider, rwlock, semaphore, session, transport};
 #[cfg(feature = "layer")]

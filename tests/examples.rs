@@ -222,3 +222,27 @@ fn election_failover_refuses_the_old_leader_with_409() {
 fn election_failover_without_the_layer_lets_the_stale_write_through() {
     lets_the_stale_write_through("election-failover");
 }
+
+#[cfg(all(feature = "layer", feature = "object-store"))]
+#[test]
+fn objstore_election_refuses_the_old_leader_with_409_and_counts_on_after_release() {
+    let run = refuses_the_zombie("objstore-election");
+    assert!(run.output.contains("A: -> 409 Conflict"), "{}", run.output);
+    assert!(
+        run.output.contains("nobody (generation 2 released)"),
+        "{}",
+        run.output
+    );
+    assert!(
+        run.output
+            .contains("A: campaigns again and leads with token 3"),
+        "{}",
+        run.output
+    );
+}
+
+#[cfg(all(feature = "layer", feature = "object-store"))]
+#[test]
+fn objstore_election_without_the_layer_lets_the_stale_write_through() {
+    lets_the_stale_write_through("objstore-election");
+}

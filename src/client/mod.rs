@@ -1,13 +1,15 @@
 //! The owner's side: sessions (leases kept alive), and the lock, read/write lock, election and
 //! semaphore primitives that hand out fencing tokens, on etcd or in memory, plus the helpers
 //! that stamp a token on outgoing requests, and (feature `etcd`) fenced transactions on etcd
-//! itself.
+//! itself. With `object-store`, [`objstore`] runs leader election on an object store instead.
 
 pub mod election;
 pub mod error;
 #[cfg(feature = "etcd")]
 pub mod fenced_txn;
 pub mod lock;
+#[cfg(feature = "object-store")]
+pub mod objstore;
 pub mod provider;
 pub(crate) mod queue;
 pub mod rwlock;
