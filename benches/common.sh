@@ -33,7 +33,7 @@ wait_port() {
 
 # Pins the proxy under test to core 0 and the load (wrk, upstream, etcd) to core 1.
 if (($(nproc) >= 2)); then
-  PROXY_CPU=(taskset -c 0); LOAD_CPU=(taskset -c 1); PIN="proxy on core 0, wrk + upstream on core 1"
+  PROXY_CPU=(taskset -c 0); LOAD_CPU=(taskset -c 1); PIN="proxy on core 0, load generator + upstream on core 1"
 else
   PROXY_CPU=(); LOAD_CPU=(); PIN="one core: nothing pinned"
 fi

@@ -1,41 +1,46 @@
 #!/usr/bin/env bash
-# Load test: palisade (guard on, token header set) vs nginx as a reverse proxy vs the upstream
-# alone, one after another in the same run, with wrk -t1 at 16, 64 and 256 connections.
+# Load test: palisade (guard on, token header set) vs nginx and HAProxy as reverse proxies vs
+# the upstream alone, interleaved in the same run, with wrk -t1 at 16, 64 and 256 connections.
 #
 # Method
 # - The upstream is a separate nginx instance answering `200 ok` from memory (1 worker), so
 #   that the proxy under test, not the upstream, is the bottleneck.
-# - On a machine with two or more cores the proxy under test is pinned to core 0, and wrk plus
-#   the upstream to core 1 (taskset), so palisade and nginx get the same single core.
+# - On a machine with two or more cores every proxy under test is pinned to core 0, and wrk plus
+#   the upstream to core 1 (taskset), so palisade, nginx and HAProxy get the same single core.
 # - palisade: release build, 1 worker thread, file mark store, a guarded route; every request
 #   carries `x-fencing-token: 5` (after the first request: the equal-token fast path).
 # - nginx: 1 worker, HTTP/1.1 to the upstream with `keepalive 1024`, access log off.
-# - Each run: 2 s warm-up, then DURATION seconds measured (default 10).
+# - HAProxy (Debian package): `nbthread 1`, `http-reuse always`, no logging.
+# - ROUNDS rounds (default 3); in each, every proxy runs at each concurrency, in an order that
+#   alternates between rounds. Each run: 1 s warm-up, then DURATION seconds (default 8).
+#   Reported: the median over rounds of requests/s, p99 and CPU time per request (user +
+#   system of the proxy's process, from /proc/<pid>/stat), and palisade's peak RSS (VmHWM).
 #
-# Usage: benches/load.sh            (DURATION=5 CONNS="16 64" benches/load.sh to shorten)
+# Usage: benches/load.sh            (ROUNDS=1 DURATION=4 CONNS="16 64" benches/load.sh to shorten)
 #        BASELINE=/path/to/older/palisade benches/load.sh   also runs that binary, same config,
-#        interleaved in the same run, and prints this build / baseline (before/after a change).
-# Needs nginx and wrk (installed with apt-get when missing and run as root).
+#        interleaved, and prints this build / baseline (before/after a change).
+# Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DURATION=${DURATION:-10}
+DURATION=${DURATION:-8}
+ROUNDS=${ROUNDS:-3}
 CONNS=${CONNS:-"16 64 256"}
 
 source "benches/common.sh"
-need nginx nginx wrk wrk taskset util-linux
+need nginx nginx wrk wrk taskset util-linux haproxy haproxy
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
+HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 cargo build --release --quiet --bin palisade
 BIN=target/release/palisade
-
-
 
 WORK=$(mktemp -d)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-UP=$(free_port); NGX=$(free_port); PAL=$(free_port); ADM=$(free_port); BPAL=$(free_port); BADM=$(free_port)
+UP=$(free_port); NGX=$(free_port); HAP=$(free_port); PAL=$(free_port); ADM=$(free_port)
+BPAL=$(free_port); BADM=$(free_port)
 
 cat >"$WORK/upstream.conf" <<CONF
 worker_processes 1;
@@ -67,6 +72,22 @@ http {
   }
 }
 CONF
+cat >"$WORK/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  maxconn 8192
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 30s
+  timeout server 30s
+  http-reuse always
+frontend fe
+  bind 127.0.0.1:$HAP
+  default_backend be
+backend be
+  server up 127.0.0.1:$UP
+CONF
 cat >"$WORK/palisade.toml" <<CONF
 [proxy]
 listen = "127.0.0.1:$PAL"
@@ -88,42 +109,73 @@ CONF
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 "${PROXY_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' & PIDS+=($!)
+NGINX_MASTER=$!
+"${PROXY_CPU[@]}" "$HAPROXY" -f "$WORK/haproxy.cfg" -db & PIDS+=($!)
+HAP_PID=$!
 RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/palisade.toml" 2>"$WORK/palisade.log" & PIDS+=($!)
-wait_port "$UP"; wait_port "$NGX"; wait_port "$PAL"
+PAL_PID=$!
+wait_port "$UP"; wait_port "$NGX"; wait_port "$HAP"; wait_port "$PAL"
+NGINX_WORKER=$(pgrep -P "$NGINX_MASTER" | head -1)
+NAMES=(palisade nginx haproxy direct)
+declare -A PORT=([palisade]=$PAL [nginx]=$NGX [haproxy]=$HAP [direct]=$UP)
+declare -A PID=([palisade]=$PAL_PID [nginx]=$NGINX_WORKER [haproxy]=$HAP_PID [direct]=)
 if [[ -n ${BASELINE:-} ]]; then
   mkdir -p "$WORK/baseline"
   sed -e "s/127.0.0.1:$PAL/127.0.0.1:$BPAL/" -e "s/127.0.0.1:$ADM/127.0.0.1:$BADM/" \
     "$WORK/palisade.toml" >"$WORK/baseline/palisade.toml"
   RUST_LOG=warn "${PROXY_CPU[@]}" "$BASELINE" run --config "$WORK/baseline/palisade.toml" 2>"$WORK/baseline.log" & PIDS+=($!)
+  PID[baseline]=$!; PORT[baseline]=$BPAL; NAMES+=(baseline)
   wait_port "$BPAL"
 fi
 
-run_wrk() { # name port conns -> "rps p99_ms"
-  local out
-  "${LOAD_CPU[@]}" wrk -t1 -c"$3" -d2s -H 'x-fencing-token: 5' "http://127.0.0.1:$2/orders/7" >/dev/null
-  out=$("${LOAD_CPU[@]}" wrk -t1 -c"$3" -d"${DURATION}s" --latency -H 'x-fencing-token: 5' "http://127.0.0.1:$2/orders/7")
+cpu_ticks() { [[ -n $1 ]] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
+TICK=$(getconf CLK_TCK)
+
+run_wrk() { # name conns -> "rps p99_ms cpu_us_per_req"
+  local port=${PORT[$1]} pid=${PID[$1]} out t0 t1 n
+  "${LOAD_CPU[@]}" wrk -t1 -c"$2" -d1s -H 'x-fencing-token: 5' "http://127.0.0.1:$port/orders/7" >/dev/null
+  t0=$(cpu_ticks "$pid")
+  out=$("${LOAD_CPU[@]}" wrk -t1 -c"$2" -d"${DURATION}s" --latency -H 'x-fencing-token: 5' "http://127.0.0.1:$port/orders/7")
+  t1=$(cpu_ticks "$pid")
   if grep -q "Non-2xx" <<<"$out"; then echo "$1: non-2xx responses:" >&2; echo "$out" >&2; exit 1; fi
-  local rps p99
-  rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
-  p99=$(p99_ms <<<"$out")
-  echo "$rps $p99"
+  n=$(awk '/requests in/ {print $1}' <<<"$out")
+  echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(p99_ms <<<"$out") $(awk -v a="$t0" -v b="$t1" -v n="$n" -v t="$TICK" 'BEGIN {printf "%.2f", (b - a) * 1e6 / t / n}')"
 }
 
-echo "palisade load test: $(nproc) cores, $PIN, wrk -t1, ${DURATION}s per run"
-printf "%-6s | %-22s | %-22s | %-22s | %s\n" conns "palisade rps (p99 ms)" "nginx rps (p99 ms)" "direct rps (p99 ms)" "palisade/nginx rps, p99"
-for c in $CONNS; do
-  read -r prps pp99 < <(run_wrk palisade "$PAL" "$c")
-  read -r nrps np99 < <(run_wrk nginx "$NGX" "$c")
-  read -r drps dp99 < <(run_wrk direct "$UP" "$c")
-  ratio=$(awk -v a="$prps" -v b="$nrps" 'BEGIN {printf "%.2f", a/b}')
-  if [[ -n ${BASELINE:-} ]]; then
-    read -r brps bp99 < <(run_wrk baseline "$BPAL" "$c")
-    base_line=$(awk -v a="$prps" -v b="$brps" -v p="$bp99" 'BEGIN {printf "baseline %.0f rps (p99 %.2f ms): this/baseline %.3fx", b, p, a/b}')
-  fi
-  pratio=$(awk -v a="$pp99" -v b="$np99" 'BEGIN {printf "%.2f", a/b}')
-  printf "%-6s | %10.0f (%7.2f)    | %10.0f (%7.2f)    | %10.0f (%7.2f)    | %sx, %sx\n" \
-    "$c" "$prps" "$pp99" "$nrps" "$np99" "$drps" "$dp99" "$ratio" "$pratio"
-  [[ -n ${BASELINE:-} ]] && echo "       $base_line"
+median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+
+echo "palisade load test: $(nproc) cores, $PIN, wrk -t1, ${ROUNDS} rounds of ${DURATION}s, medians"
+RESULTS="$WORK/results"
+: >"$RESULTS"
+for r in $(seq "$ROUNDS"); do
+  order=("${NAMES[@]}")
+  if ((r % 2 == 0)); then mapfile -t order < <(printf '%s\n' "${NAMES[@]}" | tac); fi
+  for c in $CONNS; do
+    for name in "${order[@]}"; do
+      echo "$name $c $(run_wrk "$name" "$c")" >>"$RESULTS"
+    done
+  done
 done
-curl_metrics() { exec 3<>/dev/tcp/127.0.0.1/$ADM; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3; cat <&3; exec 3>&-; }
+
+stat() { awk -v n="$1" -v c="$2" -v f="$3" '$1 == n && $2 == c {print $f}' "$RESULTS" | median; }
+printf "%-6s" conns
+for name in "${NAMES[@]}"; do printf " | %-26s" "$name rps (p99 ms, us/req)"; done
+printf " | %s\n" "palisade / best peer: rps, p99"
+for c in $CONNS; do
+  printf "%-6s" "$c"
+  for name in "${NAMES[@]}"; do
+    cpu=$(stat "$name" "$c" 5)
+    [[ $name == direct ]] && cpu="-"
+    printf " | %9.0f (%6.2f, %5s)   " "$(stat "$name" "$c" 3)" "$(stat "$name" "$c" 4)" "$cpu"
+  done
+  best=$(awk -v a="$(stat nginx "$c" 3)" -v b="$(stat haproxy "$c" 3)" 'BEGIN {print (a > b ? "nginx" : "haproxy")}')
+  awk -v p="$(stat palisade "$c" 3)" -v b="$(stat "$best" "$c" 3)" -v pp="$(stat palisade "$c" 4)" \
+    -v bp="$(stat "$best" "$c" 4)" -v n="$best" 'BEGIN {printf " | %.2fx, %.2fx (vs %s)\n", p / b, pp / bp, n}'
+  if [[ -n ${BASELINE:-} ]]; then
+    awk -v p="$(stat palisade "$c" 3)" -v b="$(stat baseline "$c" 3)" -v pc="$(stat palisade "$c" 5)" \
+      -v bc="$(stat baseline "$c" 5)" 'BEGIN {printf "       this build / baseline: rps %.3fx, cpu per request %.3fx\n", p / b, pc / bc}'
+  fi
+done
+echo "palisade peak RSS: $(awk '/VmHWM/ {printf "%.1f MiB", $2 / 1024}' "/proc/$PAL_PID/status")"
+curl_metrics() { exec 3<>"/dev/tcp/127.0.0.1/$ADM"; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3; cat <&3; exec 3>&-; }
 echo "palisade admitted: $(curl_metrics | awk '/^palisade_requests_total\{outcome="admitted",route="bench"\}/ {print $2}')"
