@@ -433,3 +433,97 @@ fn upstream_config_errors_name_their_key() {
         .to_string();
     assert!(err.contains("route[0].connect_timeout_ms"), "{err}");
 }
+
+/// An upstream whose `/healthz` answers `health` (shared, changeable), counting health checks
+/// and other requests apart.
+async fn checked_upstream(
+    health: Arc<std::sync::atomic::AtomicU16>,
+) -> (
+    SocketAddr,
+    Arc<std::sync::atomic::AtomicUsize>,
+    Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (checks, served) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (c, s) = (Arc::clone(&checks), Arc::clone(&served));
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |req: Request<Incoming>, _| {
+            let (c, s, health) = (Arc::clone(&c), Arc::clone(&s), Arc::clone(&health));
+            async move {
+                let mut resp = Response::new(Full::new(Bytes::from_static(b"ok")));
+                if req.uri().path() == "/healthz" {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    *resp.status_mut() =
+                        StatusCode::from_u16(health.load(Ordering::SeqCst)).unwrap();
+                } else {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                resp
+            }
+        },
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    (addr, checks, served)
+}
+
+async fn wait_for_checks(checks: &std::sync::atomic::AtomicUsize, more_than: usize) {
+    for _ in 0..500 {
+        if checks.load(std::sync::atomic::Ordering::SeqCst) > more_than {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no health check arrived");
+}
+
+#[tokio::test]
+async fn an_address_failing_its_health_check_gets_no_traffic_until_it_passes() {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    let health = Arc::new(AtomicU16::new(503));
+    let (sick, checks, served) = checked_upstream(Arc::clone(&health)).await;
+    let (well, _well_checks, well_served) = checked_upstream(Arc::new(AtomicU16::new(200))).await;
+    let (p, _dir) = proxy(&config(
+        &format!(
+            r#"urls = ["http://{sick}", "http://{well}"]
+health_check_path = "/healthz"
+health_check_interval_ms = 50"#
+        ),
+        "",
+    ))
+    .await;
+    // Two checks: the first one that answered 503 has been recorded.
+    wait_for_checks(&checks, 1).await;
+    let burst = |n: usize| {
+        let urls: Vec<String> = (0..n).map(|i| p.url(&format!("/items/{i}"))).collect();
+        async move {
+            let tasks: Vec<_> = urls
+                .into_iter()
+                .map(|u| tokio::spawn(async move { get_fresh(&u).await }))
+                .collect();
+            for t in tasks {
+                assert_eq!(t.await.unwrap().status, StatusCode::OK);
+            }
+        }
+    };
+    burst(16).await;
+    assert_eq!(
+        served.load(Ordering::SeqCst),
+        0,
+        "a down address got requests"
+    );
+    assert_eq!(well_served.load(Ordering::SeqCst), 16);
+    // It recovers: after its next passing check, new connections reach it again.
+    health.store(200, Ordering::SeqCst);
+    let seen = checks.load(Ordering::SeqCst);
+    wait_for_checks(&checks, seen + 1).await;
+    burst(48).await;
+    assert!(
+        served.load(Ordering::SeqCst) > 0,
+        "a recovered address got no requests"
+    );
+}

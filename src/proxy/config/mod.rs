@@ -165,6 +165,19 @@ pub struct UpstreamSettings {
     pub max_fails: u32,
     /// `fail_timeout_ms` (default 10000): how long an ejected address is skipped.
     pub fail_timeout: Duration,
+    /// `health_check_path` and `health_check_interval_ms` (default 5000): an active check.
+    pub health_check: Option<HealthCheck>,
+}
+
+/// An active health check: every `interval`, `GET path` on each address (HTTP/1.1); an address
+/// that does not answer 2xx or 3xx within `connect_timeout` plus `interval` is down until it
+/// does again.
+#[derive(Debug, Clone)]
+pub struct HealthCheck {
+    /// `health_check_path`, origin-form (`/healthz`).
+    pub path: String,
+    /// `health_check_interval_ms`.
+    pub interval: Duration,
 }
 
 pub use crate::guard::MissingToken;

@@ -80,6 +80,8 @@ pub(super) struct Upstream {
     pub(super) idle_timeout_ms: Option<Spanned<u64>>,
     pub(super) max_fails: Option<Spanned<u32>>,
     pub(super) fail_timeout_ms: Option<Spanned<u64>>,
+    pub(super) health_check_path: Option<Spanned<String>>,
+    pub(super) health_check_interval_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]

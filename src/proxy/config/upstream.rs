@@ -14,6 +14,8 @@ const CONNECT_TIMEOUT_MS: u64 = 2_000;
 const IDLE_TIMEOUT_MS: u64 = 90_000;
 /// Default `fail_timeout_ms` (nginx's).
 const FAIL_TIMEOUT_MS: u64 = 10_000;
+/// Default `health_check_interval_ms`.
+const HEALTH_INTERVAL_MS: u64 = 5_000;
 
 impl Validator<'_> {
     /// Validates upstream `i`; `earlier` are the ones before it (names must be unique).
@@ -85,6 +87,39 @@ impl Validator<'_> {
             Some(m) => m.into_inner(),
             None => 1,
         };
+        let health_check = match (u.health_check_path, u.health_check_interval_ms) {
+            (None, None) => None,
+            (None, Some(i)) => {
+                return Err(self.at(
+                    &i,
+                    key("health_check_interval_ms"),
+                    "only used with health_check_path",
+                ))
+            }
+            (Some(p), _) if u.protocol != Protocol::Http1 => {
+                return Err(self.at(
+                    &p,
+                    key("health_check_path"),
+                    "health checks speak HTTP/1.1: only for protocol = \"http1\"",
+                ))
+            }
+            (Some(p), interval) => {
+                let path = p.get_ref();
+                let printable = path.bytes().all(|b| b.is_ascii_graphic());
+                if !path.starts_with('/') || !printable {
+                    return Err(self.at(
+                        &p,
+                        key("health_check_path"),
+                        format_args!("{path:?} must be a path starting with / (visible ASCII)"),
+                    ));
+                }
+                let interval = positive(&interval, "health_check_interval_ms", HEALTH_INTERVAL_MS)?;
+                Some(HealthCheck {
+                    path: p.into_inner(),
+                    interval: Duration::from_millis(interval),
+                })
+            }
+        };
         Ok(UpstreamSettings {
             name: name.clone(),
             scheme: Scheme::HTTP,
@@ -97,6 +132,7 @@ impl Validator<'_> {
             idle_timeout: Duration::from_millis(idle_timeout),
             max_fails,
             fail_timeout: Duration::from_millis(fail_timeout),
+            health_check,
         })
     }
 

@@ -8,8 +8,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::config::UpstreamSettings;
+use crate::config::{HealthCheck, UpstreamSettings};
 
 /// Why no connection could be opened.
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +56,8 @@ struct Address {
     fails: AtomicU32,
     /// Milliseconds after the dialer's epoch until which the address is skipped.
     ejected_until: AtomicU64,
+    /// The last active health check failed.
+    down: AtomicBool,
 }
 
 /// The addresses of one upstream and their health as seen by connects.
@@ -83,6 +85,7 @@ impl Dialer {
                 shown: a.to_string(),
                 fails: AtomicU32::new(0),
                 ejected_until: AtomicU64::new(0),
+                down: AtomicBool::new(false),
             })
             .collect();
         Self {
@@ -108,7 +111,9 @@ impl Dialer {
             self.next.fetch_add(1, Ordering::Relaxed) % n
         };
         let now = self.now_ms();
-        let live = |a: &Address| a.ejected_until.load(Ordering::Relaxed) <= now;
+        let live = |a: &Address| {
+            !a.down.load(Ordering::Relaxed) && a.ejected_until.load(Ordering::Relaxed) <= now
+        };
         let any_live = self.addresses.iter().any(live);
         let mut last = None;
         let mut tried = 0;
@@ -153,6 +158,83 @@ impl Dialer {
             tried,
             last: last.expect("an upstream has at least one address"),
         })
+    }
+}
+
+/// Checks every address of `dialer` every `check.interval` until the dialer is dropped.
+pub(super) fn spawn_health_checks(dialer: &Arc<Dialer>, check: HealthCheck, connect: Duration) {
+    let weak: Weak<Dialer> = Arc::downgrade(dialer);
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(check.interval);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let Some(dialer) = weak.upgrade() else {
+                return; // the configuration that had this upstream is gone
+            };
+            for a in &dialer.addresses {
+                let limit = connect + check.interval;
+                let verdict =
+                    match tokio::time::timeout(limit, probe(a, &check.path, connect)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(format!("no answer within {limit:?}")),
+                    };
+                match verdict {
+                    Ok(()) => {
+                        if a.down.swap(false, Ordering::Relaxed) {
+                            tracing::info!(upstream = %dialer.upstream, address = %a.shown, "upstream address passes its health check again");
+                        }
+                        a.fails.store(0, Ordering::Relaxed);
+                        a.ejected_until.store(0, Ordering::Relaxed);
+                    }
+                    Err(why) => {
+                        if !a.down.swap(true, Ordering::Relaxed) {
+                            tracing::warn!(upstream = %dialer.upstream, address = %a.shown, error = %why, "upstream address fails its health check; skipped");
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// `GET path` on one address: Ok for a 2xx or 3xx status line.
+async fn probe(a: &Address, path: &str, connect: Duration) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s =
+        match tokio::time::timeout(connect, TcpStream::connect((a.host.as_str(), a.port))).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(format!("connect: {e}")),
+            Err(_) => return Err(format!("connect timed out after {connect:?}")),
+        };
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nhost: {}\r\nuser-agent: palisade-health-check\r\nconnection: close\r\n\r\n",
+        a.shown
+    );
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| format!("write: {e}"))?;
+    let mut head = Vec::with_capacity(64);
+    let mut buf = [0u8; 256];
+    while !head.contains(&b'\n') && head.len() < 1024 {
+        let n = s.read(&mut buf).await.map_err(|e| format!("read: {e}"))?;
+        if n == 0 {
+            break;
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let line = String::from_utf8_lossy(&head);
+    let status = line
+        .strip_prefix("HTTP/1.")
+        .and_then(|rest| rest.get(2..5))
+        .and_then(|code| code.parse::<u16>().ok());
+    match status {
+        Some(200..=399) => Ok(()),
+        Some(code) => Err(format!("status {code}")),
+        None => Err(format!(
+            "not an HTTP/1.x answer: {:?}",
+            line.lines().next().unwrap_or("")
+        )),
     }
 }
 

@@ -8,7 +8,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::affine::IdlePool;
 use super::body::RequestBody;
-use super::dial::{Dial, Dialer};
+use super::dial::{spawn_health_checks, Dial, Dialer};
 use crate::config::{Protocol, UpstreamSettings};
 
 /// One configured upstream and how palisade reaches it.
@@ -29,6 +29,9 @@ pub(super) enum Via {
 impl Upstream {
     pub(super) fn new(settings: &UpstreamSettings) -> Self {
         let dialer = Arc::new(Dialer::new(settings));
+        if let Some(check) = &settings.health_check {
+            spawn_health_checks(&dialer, check.clone(), settings.connect_timeout);
+        }
         let via = match settings.protocol {
             Protocol::Http1 => Via::Affine(Arc::new(IdlePool::new(settings.idle_timeout))),
             Protocol::H2c => Via::Pooled(Box::new(h2c_client(settings, &dialer))),
