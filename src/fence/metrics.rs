@@ -144,6 +144,9 @@ pub struct ConnMetrics {
     pub idle_timeout: IntCounter,
     /// `...{reason="accept_error"}`: `accept` failed (out of file descriptors and the like).
     pub accept_errors: IntCounter,
+    /// `...{reason="tls_handshake"}`: the TLS handshake failed or took longer than
+    /// `header_read_timeout_ms` (a client without a valid certificate, when one is required).
+    pub tls_failed: IntCounter,
 }
 
 /// Pre-resolved handles for one store operation.
@@ -296,6 +299,7 @@ impl Metrics {
             header_timeout: closed("header_read_timeout"),
             idle_timeout: closed("idle_timeout"),
             accept_errors: closed("accept_error"),
+            tls_failed: closed("tls_handshake"),
         }
     }
 

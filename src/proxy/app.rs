@@ -125,12 +125,14 @@ pub async fn run(
         http2_keepalive_interval: p.http2_keepalive_interval,
         grace,
         max_header_bytes: p.max_header_bytes,
+        tls: p.tls.as_ref().map(|t| Arc::clone(&t.server)),
     };
     // The admin listener is for operators and scrapers: a few connections are plenty, and its
     // own budget means a flood of connections on the data path does not lock operators out
     // (both still share the process's file descriptors).
     let admin_limits = server::Limits {
         max_connections: 64,
+        tls: None,
         ..limits.clone()
     };
 
@@ -141,7 +143,7 @@ pub async fn run(
         tracing::info!(addr = %display_addr(&listener), "admin listening");
         tokio::spawn(server::serve_with(
             listener,
-            move |req, _peer, _: &Arc<()>| {
+            move |req, _peer: server::Peer, _: &Arc<()>| {
                 let admin = admin.clone();
                 async move { admin.handle(req).await }
             },
@@ -161,7 +163,7 @@ pub async fn run(
     );
     server::serve_with(
         listeners.proxy,
-        move |req, peer, affinity: &Arc<Affinity>| {
+        move |req, peer: server::Peer, affinity: &Arc<Affinity>| {
             let proxy = Arc::clone(&proxy);
             let affinity = Arc::clone(affinity);
             async move { proxy.handle(req, peer, &affinity).await }

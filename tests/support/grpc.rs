@@ -140,6 +140,29 @@ impl EchoClient {
         Self(tonic::client::Grpc::new(channel))
     }
 
+    /// The same over TLS, with `tls` (its ALPN should offer `h2`), to `addr`.
+    pub async fn connect_tls(
+        addr: std::net::SocketAddr,
+        tls: std::sync::Arc<tokio_rustls::rustls::ClientConfig>,
+    ) -> Result<Self, tonic::transport::Error> {
+        let connector = tower::service_fn(move |_: http::Uri| {
+            let tls = std::sync::Arc::clone(&tls);
+            async move {
+                let tcp = tokio::net::TcpStream::connect(addr).await?;
+                let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
+                let s = tokio_rustls::TlsConnector::from(tls)
+                    .connect(name, tcp)
+                    .await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(s))
+            }
+        });
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect_with_connector(connector)
+            .await?;
+        Ok(Self(tonic::client::Grpc::new(channel)))
+    }
+
     fn request(text: &str, n: u32, token: Option<&str>) -> Request<Msg> {
         let mut req = Request::new(Msg {
             text: text.to_owned(),

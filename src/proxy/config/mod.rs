@@ -20,6 +20,7 @@ use crate::path;
 
 mod etcd;
 mod raw;
+mod tls;
 mod upstream;
 mod validate;
 mod warnings;
@@ -101,6 +102,8 @@ pub struct ProxySettings {
     /// `max_header_bytes`: the largest request head (request line and headers) accepted;
     /// HTTP/1.1 clients over it get 431, HTTP/2 clients a stream error.
     pub max_header_bytes: usize,
+    /// `[proxy.tls]`: terminate TLS on `listen`.
+    pub tls: Option<TlsSettings>,
 }
 
 /// `[admin]`.
@@ -140,6 +143,8 @@ pub enum Protocol {
     /// HTTP/2 over cleartext with prior knowledge (gRPC upstreams).
     H2c,
 }
+
+pub use tls::TlsSettings;
 
 /// `[[upstream]]`.
 #[derive(Debug, Clone)]

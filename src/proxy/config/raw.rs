@@ -32,6 +32,15 @@ pub(super) struct Proxy {
     #[serde(default)]
     pub(super) require_nfkc_paths: bool,
     pub(super) max_header_bytes: Option<Spanned<usize>>,
+    pub(super) tls: Option<Tls>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Tls {
+    pub(super) cert: Spanned<String>,
+    pub(super) key: Spanned<String>,
+    pub(super) client_ca: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

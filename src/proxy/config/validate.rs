@@ -38,6 +38,10 @@ impl Validator<'_> {
             http2_keepalive_interval: (raw.proxy.http2_keepalive_interval_ms > 0)
                 .then(|| Duration::from_millis(raw.proxy.http2_keepalive_interval_ms)),
             require_nfkc_paths: raw.proxy.require_nfkc_paths,
+            tls: match raw.proxy.tls {
+                None => None,
+                Some(t) => Some(self.tls(t)?),
+            },
             max_header_bytes: match raw.proxy.max_header_bytes {
                 None => DEFAULT_MAX_HEADER_BYTES,
                 Some(m) if *m.get_ref() < MIN_HEADER_BYTES => {

@@ -15,7 +15,6 @@ mod upgrade;
 mod upstream;
 
 use std::borrow::Cow;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
@@ -127,9 +126,10 @@ impl Proxy {
     pub async fn handle(
         &self,
         mut req: Request<Incoming>,
-        peer: SocketAddr,
+        client: crate::server::Peer,
         affinity: &Arc<Affinity>,
     ) -> Response<ProxyBody> {
+        let peer = client.addr;
         let started = Instant::now();
         let grpc = grpc_content_type(req.headers());
 
@@ -254,6 +254,7 @@ impl Proxy {
                 normalized_host,
                 peer,
                 close: close_upstream,
+                https: client.tls,
                 ticket: body_ticket,
                 limit,
             },

@@ -23,6 +23,8 @@ pub(super) struct Forward<'a> {
     pub(super) peer: SocketAddr,
     /// Close the upstream connection after this request (a body on a bodiless method).
     pub(super) close: bool,
+    /// The client's connection is TLS: `x-forwarded-proto: https`.
+    pub(super) https: bool,
     /// The request body's half of a guarded request's drain ticket.
     pub(super) ticket: Option<crate::drain::Ticket>,
     /// `max_body_bytes`, counted as the body streams (its length was not known up front).
@@ -122,7 +124,10 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     if let Some(v) = xff {
         h.insert(X_FORWARDED_FOR, v);
     }
-    h.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+    h.insert(
+        X_FORWARDED_PROTO,
+        HeaderValue::from_static(if f.https { "https" } else { "http" }),
+    );
     let strip = f.route.strip_token.then(|| f.token_header.clone());
     Request::from_parts(parts, RequestBody::new(body, strip, f.ticket, f.limit))
 }

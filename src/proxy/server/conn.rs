@@ -28,7 +28,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -54,6 +53,12 @@ pub(super) struct State {
 }
 
 impl State {
+    /// When the connection was accepted: a TLS handshake must end by then plus
+    /// `header_read_timeout`.
+    pub(super) fn accepted(&self) -> Instant {
+        self.accepted
+    }
+
     pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
             accepted: Instant::now(),
@@ -111,15 +116,15 @@ enum Reason {
 
 /// The client's socket, watched for the HTTP/2 preface (which ends the fresh phase: an h2
 /// client may open its connection well before its first request).
-pub(super) struct Watched {
-    io: TcpStream,
+pub(super) struct Watched<I> {
+    io: I,
     state: Arc<State>,
     /// How many bytes of the preface matched so far; `u8::MAX` once decided.
     preface: u8,
 }
 
-impl Watched {
-    pub(super) fn new(io: TcpStream, state: Arc<State>) -> Self {
+impl<I> Watched<I> {
+    pub(super) fn new(io: I, state: Arc<State>) -> Self {
         Self {
             io,
             state,
@@ -146,7 +151,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -165,7 +170,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

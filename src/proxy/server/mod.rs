@@ -51,6 +51,18 @@ pub struct Limits {
     pub grace: Duration,
     /// `max_header_bytes`: the largest request head; HTTP/1.1 clients over it get 431.
     pub max_header_bytes: usize,
+    /// `[proxy.tls]`: terminate TLS with this configuration (the handshake counts toward
+    /// `header_read_timeout`).
+    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+}
+
+/// Who sent a request: the client's address, and whether its connection is TLS.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    /// The client's address.
+    pub addr: SocketAddr,
+    /// The connection is TLS (`[proxy.tls]`).
+    pub tls: bool,
 }
 
 impl Default for Limits {
@@ -62,6 +74,7 @@ impl Default for Limits {
             http2_keepalive_interval: Some(Duration::from_secs(20)),
             grace: Duration::from_secs(10),
             max_header_bytes: crate::config::DEFAULT_MAX_HEADER_BYTES,
+            tls: None,
         }
     }
 }
@@ -85,7 +98,7 @@ pub async fn serve<H, F, B>(
         grace,
         ..Limits::default()
     };
-    let handle = move |req, peer, _: &Arc<()>| handle(req, peer);
+    let handle = move |req, peer: Peer, _: &Arc<()>| handle(req, peer.addr);
     serve_with(listener, handle, shutdown, limits, None).await;
 }
 
@@ -104,7 +117,7 @@ pub async fn serve_with<H, F, B, C>(
     limits: Limits,
     metrics: Option<ConnMetrics>,
 ) where
-    H: Fn(Request<Incoming>, SocketAddr, &Arc<C>) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Peer, &Arc<C>) -> F + Clone + Send + Sync + 'static,
     C: Default + Send + Sync + 'static,
     F: Future<Output = Response<B>> + Send + 'static,
     B: Body<Data = bytes::Bytes> + Send + 'static,
@@ -178,37 +191,63 @@ pub async fn serve_with<H, F, B, C>(
         let handle = handle.clone();
         let svc_state = Arc::clone(&state);
         let local = Arc::new(C::default());
+        let client = Peer {
+            addr: peer,
+            tls: limits.tls.is_some(),
+        };
         let svc = service_fn(move |req| {
             let active = svc_state.request_started();
-            let fut = handle(req, peer, &local);
+            let fut = handle(req, client, &local);
             async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
         });
-        let io = conn::Watched::new(stream, Arc::clone(&state));
-        // With upgrades: a WebSocket route answers 101 and takes the connection over.
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(io), svc)
-            .into_owned();
         let watch = conn::Watch {
-            state,
+            state: Arc::clone(&state),
             limits: Arc::clone(&limits),
             metrics: metrics.clone(),
             stopping: stopping.clone(),
             peer,
         };
-        let open = Arc::clone(&open);
-        let alive = alive.clone();
-        let gauge = metrics.as_ref().map(|m| m.open.clone());
-        if let Some(g) = &gauge {
-            g.inc();
-        }
-        tokio::spawn(async move {
-            watch.drive(conn).await;
-            open.fetch_sub(1, Ordering::AcqRel);
-            if let Some(g) = gauge {
-                g.dec();
+        let counted = Counting::new(&open, metrics.as_ref().map(|m| m.open.clone()), &alive);
+        // With upgrades: a WebSocket route answers 101 and takes the connection over.
+        match &limits.tls {
+            None => {
+                let io = conn::Watched::new(stream, state);
+                let conn = builder
+                    .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                    .into_owned();
+                tokio::spawn(async move {
+                    watch.drive(conn).await;
+                    drop(counted);
+                });
             }
-            drop(alive);
-        });
+            Some(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(tls));
+                let builder = builder.clone();
+                tokio::spawn(async move {
+                    let by = state.accepted() + watch.limits.header_read_timeout;
+                    match tokio::time::timeout_at(by, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let io = conn::Watched::new(tls, state);
+                            let conn = builder
+                                .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                                .into_owned();
+                            watch.drive(conn).await;
+                        }
+                        failed => {
+                            if let Some(m) = &watch.metrics {
+                                m.tls_failed.inc();
+                            }
+                            let why = match failed {
+                                Ok(Err(e)) => e.to_string(),
+                                _ => "handshake took longer than header_read_timeout".to_owned(),
+                            };
+                            tracing::debug!(peer = %peer, error = %why, "TLS handshake failed");
+                        }
+                    }
+                    drop(counted);
+                });
+            }
+        }
     }
     drop(listener);
     drop(alive);
@@ -216,6 +255,41 @@ pub async fn serve_with<H, F, B, C>(
     tokio::select! {
         _ = all_done.recv() => tracing::debug!("all connections closed"),
         () = tokio::time::sleep(limits.grace) => tracing::warn!(grace = ?limits.grace, "shutdown grace period over; dropping open connections"),
+    }
+}
+
+/// One open client connection, counted (`max_connections`, the open gauge, shutdown's wait)
+/// until its task ends or is dropped.
+struct Counting {
+    open: Arc<AtomicUsize>,
+    gauge: Option<prometheus::IntGauge>,
+    _alive: mpsc::Sender<Infallible>,
+}
+
+impl Counting {
+    /// The caller already counted the connection in `open`.
+    fn new(
+        open: &Arc<AtomicUsize>,
+        gauge: Option<prometheus::IntGauge>,
+        alive: &mpsc::Sender<Infallible>,
+    ) -> Self {
+        if let Some(g) = &gauge {
+            g.inc();
+        }
+        Self {
+            open: Arc::clone(open),
+            gauge,
+            _alive: alive.clone(),
+        }
+    }
+}
+
+impl Drop for Counting {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::AcqRel);
+        if let Some(g) = &self.gauge {
+            g.dec();
+        }
     }
 }
 

@@ -1,0 +1,334 @@
+//! TLS on the listener (`[proxy.tls]`), with certificates made by the test (rcgen): HTTPS over
+//! HTTP/1.1 and HTTP/2 (ALPN), gRPC over TLS, client certificates when `client_ca` is set, and
+//! `palisade check` naming what is wrong with the files.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::TlsConnector;
+
+struct Pki {
+    ca_pem: String,
+    server_cert: String,
+    server_key: String,
+    client_cert: String,
+    client_key: String,
+    /// A client certificate from a CA the proxy does not trust.
+    rogue_cert: String,
+    rogue_key: String,
+}
+
+fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.self_signed(&key).unwrap();
+    (cert.pem(), Issuer::new(p, key))
+}
+
+fn leaf(names: &[&str], issuer: &Issuer<'_, KeyPair>) -> (String, String) {
+    let p =
+        CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn pki() -> Pki {
+    let (ca_pem, issuer) = ca("palisade test CA");
+    let (server_cert, server_key) = leaf(&["localhost", "127.0.0.1"], &issuer);
+    let (client_cert, client_key) = leaf(&["client"], &issuer);
+    let (_, rogue) = ca("someone else's CA");
+    let (rogue_cert, rogue_key) = leaf(&["client"], &rogue);
+    Pki {
+        ca_pem,
+        server_cert,
+        server_key,
+        client_cert,
+        client_key,
+        rogue_cert,
+        rogue_key,
+    }
+}
+
+fn write_pki(dir: &Path, pki: &Pki) {
+    for (name, text) in [
+        ("ca.pem", &pki.ca_pem),
+        ("server.pem", &pki.server_cert),
+        ("server.key", &pki.server_key),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+}
+
+fn config(client_auth: bool) -> String {
+    let ca = if client_auth {
+        "client_ca = \"ca.pem\"\n"
+    } else {
+        ""
+    };
+    format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+[proxy.tls]
+cert = "server.pem"
+key = "server.key"
+{ca}
+[marks]
+store = "file"
+path = "marks.json"
+[[upstream]]
+name = "legacy"
+url = "http://{{upstream}}"
+[[upstream]]
+name = "echo"
+url = "http://{{grpc}}"
+protocol = "h2c"
+[[route]]
+name = "echo"
+upstream = "echo"
+path_prefix = "/test.Echo/"
+resource = "echo"
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST"]
+resource = "orders"
+[[route]]
+name = "reads"
+upstream = "legacy"
+path_prefix = "/"
+methods = ["GET"]
+guard = false
+"#
+    )
+}
+
+fn client_config(pki: &Pki, alpn: &[&[u8]], cert: Option<(&str, &str)>) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(pki.ca_pem.as_bytes()).unwrap())
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let b = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut c = match cert {
+        None => b.with_no_client_auth(),
+        Some((cert, key)) => b
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(cert.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    };
+    c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Arc::new(c)
+}
+
+struct Env {
+    proxy: support::Proxy,
+    up: support::Upstream,
+    pki: Pki,
+    _grpc: support::grpc::GrpcUpstream,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(client_auth: bool) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki();
+    write_pki(dir.path(), &pki);
+    let up = support::upstream().await;
+    let grpc = support::grpc::upstream().await;
+    let text = config(client_auth)
+        .replace("{upstream}", &up.addr.to_string())
+        .replace("{grpc}", &grpc.addr.to_string());
+    let proxy = support::proxy(&text, dir.path()).await;
+    Env {
+        proxy,
+        up,
+        pki,
+        _grpc: grpc,
+        _dir: dir,
+    }
+}
+
+/// One HTTPS request on a new TLS connection; the ALPN protocol decides HTTP/1.1 or HTTP/2.
+async fn https(
+    env: &Env,
+    tls: Arc<ClientConfig>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(StatusCode, String, Option<Vec<u8>>), Box<dyn std::error::Error + Send + Sync>> {
+    let tcp = TcpStream::connect(env.proxy.addr).await?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = TlsConnector::from(tls).connect(name, tcp).await?;
+    let alpn = stream.get_ref().1.alpn_protocol().map(<[u8]>::to_vec);
+    let mut req = Request::builder()
+        .method(method)
+        .uri(format!("https://localhost{path}"));
+    if let Some(t) = token {
+        req = req.header("x-fencing-token", t);
+    }
+    let req = req.body(Full::new(Bytes::new()))?;
+    let resp = if alpn.as_deref() == Some(b"h2") {
+        let (mut send, conn) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            TokioIo::new(stream),
+        )
+        .await?;
+        tokio::spawn(conn);
+        send.send_request(req).await?
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        let mut req = req;
+        req.headers_mut()
+            .insert("host", "localhost".parse().unwrap());
+        send.send_request(req).await?
+    };
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned(), alpn))
+}
+
+#[tokio::test]
+async fn https_over_http1_and_http2_reaches_the_upstream_and_is_guarded() {
+    let env = setup(false).await;
+    let h1 = client_config(&env.pki, &[b"http/1.1"], None);
+    let (status, _, alpn) = https(&env, Arc::clone(&h1), "GET", "/items/1", None)
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(alpn.as_deref(), Some(&b"http/1.1"[..]));
+    let seen = env.up.log.all();
+    assert_eq!(seen.last().unwrap().headers["x-forwarded-proto"], "https");
+
+    let h2 = client_config(&env.pki, &[b"h2", b"http/1.1"], None);
+    let (status, _, alpn) = https(&env, Arc::clone(&h2), "POST", "/orders/1", Some("7"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        alpn.as_deref(),
+        Some(&b"h2"[..]),
+        "ALPN must pick h2 when offered"
+    );
+    let (status, body, _) = https(&env, h2, "POST", "/orders/1", Some("6"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(env.proxy.marks().await["orders"], 7);
+}
+
+#[tokio::test]
+async fn grpc_over_tls_with_alpn_h2_is_guarded() {
+    use tonic::Code;
+    let env = setup(false).await;
+    let tls = client_config(&env.pki, &[b"h2"], None);
+    let mut client = support::grpc::EchoClient::connect_tls(env.proxy.addr, tls)
+        .await
+        .unwrap();
+    let r = client.say("hello", Some("5")).await.unwrap();
+    assert_eq!(r.get_ref().text, "echo hello");
+    let e = client.say("stale", Some("4")).await.unwrap_err();
+    assert_eq!(e.code(), Code::Aborted);
+}
+
+#[tokio::test]
+async fn with_client_ca_only_clients_with_a_valid_certificate_get_through() {
+    let env = setup(true).await;
+    let good = client_config(
+        &env.pki,
+        &[b"http/1.1"],
+        Some((env.pki.client_cert.as_str(), env.pki.client_key.as_str())),
+    );
+    let (status, _, _) = https(&env, good, "GET", "/items/1", None).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+
+    let before = env.up.log.len();
+    let none = client_config(&env.pki, &[b"http/1.1"], None);
+    assert!(
+        https(&env, none, "GET", "/items/2", None).await.is_err(),
+        "no certificate"
+    );
+    let rogue = client_config(
+        &env.pki,
+        &[b"http/1.1"],
+        Some((env.pki.rogue_cert.as_str(), env.pki.rogue_key.as_str())),
+    );
+    assert!(
+        https(&env, rogue, "GET", "/items/3", None).await.is_err(),
+        "untrusted certificate"
+    );
+    assert_eq!(
+        env.up.log.len(),
+        before,
+        "refused clients reached the upstream"
+    );
+    let m = env.proxy.metrics().await;
+    assert!(
+        support::metric(
+            &m,
+            "palisade_connections_closed_total{listener=\"proxy\",reason=\"tls_handshake\"}"
+        )
+        .unwrap_or(0.0)
+            >= 2.0,
+        "{m}"
+    );
+}
+
+#[test]
+fn tls_file_errors_name_the_key_and_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = pki();
+    write_pki(dir.path(), &p);
+    let file = dir.path().join("palisade.toml");
+    let parse = |text: &str| {
+        palisade::Config::parse(text, &file)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    let base = config(true)
+        .replace("{upstream}", "127.0.0.1:1")
+        .replace("{grpc}", "127.0.0.1:2");
+    assert_eq!(parse(&base), Ok(()));
+    // Missing file.
+    let e = parse(&base.replace("cert = \"server.pem\"", "cert = \"nope.pem\"")).unwrap_err();
+    assert!(
+        e.contains("proxy.tls.cert") && e.contains("cannot read"),
+        "{e}"
+    );
+    // A key that belongs to another certificate.
+    std::fs::write(dir.path().join("other.key"), &p.client_key).unwrap();
+    let e = parse(&base.replace("key = \"server.key\"", "key = \"other.key\"")).unwrap_err();
+    assert!(
+        e.contains("proxy.tls.key") && e.contains("does not go with"),
+        "{e}"
+    );
+    // Not PEM at all.
+    std::fs::write(dir.path().join("junk.pem"), "hello").unwrap();
+    let e = parse(&base.replace("client_ca = \"ca.pem\"", "client_ca = \"junk.pem\"")).unwrap_err();
+    assert!(
+        e.contains("proxy.tls.client_ca") && e.contains("no PEM certificate"),
+        "{e}"
+    );
+    // file:line:column.
+    assert!(e.contains(&format!("{}:", file.display())), "{e}");
+}
