@@ -332,3 +332,126 @@ fn tls_file_errors_name_the_key_and_the_reason() {
     // file:line:column.
     assert!(e.contains(&format!("{}:", file.display())), "{e}");
 }
+
+fn server_config(pki: &Pki) -> Arc<rustls::ServerConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(pki.server_cert.as_bytes()).unwrap()],
+            PrivateKeyDer::from_pem_slice(pki.server_key.as_bytes()).unwrap(),
+        )
+        .unwrap();
+    c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(c)
+}
+
+/// An HTTPS upstream (palisade's own server with TLS) that answers with what it saw:
+/// `version proto=<x-forwarded-proto> token=<x-fencing-token>`.
+async fn https_upstream(pki: &Pki) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let limits = palisade::server::Limits {
+        tls: Some(server_config(pki)),
+        ..palisade::server::Limits::default()
+    };
+    tokio::spawn(palisade::server::serve_with(
+        listener,
+        |req: Request<hyper::body::Incoming>, peer: palisade::server::Peer, _: &Arc<()>| async move {
+            let h = |n: &str| {
+                req.headers()
+                    .get(n)
+                    .map(|v| v.to_str().unwrap_or("?").to_owned())
+                    .unwrap_or_default()
+            };
+            let text = format!(
+                "{:?} tls={} proto={} token={}",
+                req.version(),
+                peer.tls,
+                h("x-forwarded-proto"),
+                h("x-fencing-token")
+            );
+            http::Response::new(Full::new(Bytes::from(text)))
+        },
+        std::future::pending(),
+        limits,
+        None,
+    ));
+    addr
+}
+
+async fn proxy_to(upstream: &str, grpc: &str, pki: &Pki) -> (support::Proxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    write_pki(dir.path(), pki);
+    let text = format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+[marks]
+store = "memory"
+[[upstream]]
+name = "secure"
+{upstream}
+[[upstream]]
+name = "echo"
+{grpc}
+[[route]]
+name = "echo"
+upstream = "echo"
+path_prefix = "/test.Echo/"
+resource = "echo"
+[[route]]
+name = "orders"
+upstream = "secure"
+path_prefix = "/"
+resource = "orders"
+"#
+    );
+    let p = support::proxy(&text, dir.path()).await;
+    (p, dir)
+}
+
+#[tokio::test]
+async fn https_client_to_palisade_to_an_https_upstream_and_grpc_to_an_h2_tls_upstream() {
+    let pki = pki();
+    let up = https_upstream(&pki).await;
+    let grpc = support::grpc::upstream_tls(server_config(&pki)).await;
+    let (p, _dir) = proxy_to(
+        &format!("url = \"https://127.0.0.1:{}\"\nca = \"ca.pem\"", up.port()),
+        &format!(
+            "url = \"https://127.0.0.1:{}\"\nprotocol = \"h2\"\nca = \"ca.pem\"",
+            grpc.addr.port()
+        ),
+        &pki,
+    )
+    .await;
+    // Plain HTTP/1.1 client -> palisade -> HTTPS upstream (HTTP/1.1 by ALPN).
+    let r = support::post(&p.url("/orders/1"), Some("3")).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.text(), "HTTP/1.1 tls=true proto=http token=3");
+    let r = support::post(&p.url("/orders/1"), Some("2")).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    // gRPC (h2c in) -> palisade -> gRPC over TLS (h2 by ALPN).
+    let mut client = support::grpc::EchoClient::connect(p.addr).await;
+    let reply = client.say("over tls", Some("1")).await.unwrap();
+    assert_eq!(reply.get_ref().text, "echo over tls");
+    assert_eq!(grpc.log.len(), 1);
+}
+
+#[tokio::test]
+async fn an_https_upstream_with_a_certificate_nobody_trusts_gets_502() {
+    let pki = pki();
+    let up = https_upstream(&pki).await;
+    // No `ca`: the system's roots, which do not know the test CA.
+    let (p, _dir) = proxy_to(
+        &format!("url = \"https://127.0.0.1:{}\"", up.port()),
+        "url = \"http://127.0.0.1:1\"\nprotocol = \"h2c\"",
+        &pki,
+    )
+    .await;
+    let r = support::post(&p.url("/orders/1"), Some("3")).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(r.text().contains("certificate"), "{}", r.text());
+}

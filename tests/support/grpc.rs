@@ -96,14 +96,30 @@ pub struct GrpcUpstream {
 
 /// Serves `test.Echo` over h2c on a fresh loopback port.
 pub async fn upstream() -> GrpcUpstream {
+    upstream_with(None).await
+}
+
+/// Serves `test.Echo` over TLS (HTTP/2 by ALPN) with `tls`.
+pub async fn upstream_tls(tls: std::sync::Arc<tokio_rustls::rustls::ServerConfig>) -> GrpcUpstream {
+    upstream_with(Some(tls)).await
+}
+
+async fn upstream_with(
+    tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+) -> GrpcUpstream {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let log = Log::default();
     let (stop, stopped) = oneshot::channel::<()>();
     let l = log.clone();
-    tokio::spawn(palisade::server::serve(
+    let limits = palisade::server::Limits {
+        tls,
+        grace: Duration::from_secs(1),
+        ..palisade::server::Limits::default()
+    };
+    tokio::spawn(palisade::server::serve_with(
         listener,
-        move |req: http::Request<Incoming>, _peer| {
+        move |req: http::Request<Incoming>, _peer, _: &std::sync::Arc<()>| {
             let log = l.clone();
             async move {
                 let req = req.map(tonic::body::Body::new);
@@ -118,7 +134,8 @@ pub async fn upstream() -> GrpcUpstream {
         async move {
             let _ = stopped.await;
         },
-        Duration::from_secs(1),
+        limits,
+        None,
     ));
     GrpcUpstream {
         addr,

@@ -142,6 +142,15 @@ pub enum Protocol {
     Http1,
     /// HTTP/2 over cleartext with prior knowledge (gRPC upstreams).
     H2c,
+    /// HTTP/2 over TLS, negotiated with ALPN (`https://` upstreams, gRPC over TLS).
+    H2,
+}
+
+impl Protocol {
+    /// HTTP/2 (`h2c` or `h2`): one multiplexed connection shared by every request.
+    pub fn is_http2(self) -> bool {
+        matches!(self, Protocol::H2c | Protocol::H2)
+    }
 }
 
 pub use tls::TlsSettings;
@@ -151,8 +160,11 @@ pub use tls::TlsSettings;
 pub struct UpstreamSettings {
     /// `name`, referenced by routes.
     pub name: String,
-    /// Scheme of `url` (always `http`).
+    /// Scheme of `url` (`http`, or `https` for TLS to the upstream).
     pub scheme: Scheme,
+    /// `ca`: PEM CA certificates that an `https` upstream's certificate must chain to;
+    /// `None`: the system's trusted roots.
+    pub ca: Option<PathBuf>,
     /// Host and port of `url`, or of the first of `urls`.
     pub authority: Authority,
     /// Host and port of every address (`url`, or each of `urls`), tried round robin.

@@ -91,6 +91,7 @@ pub(super) struct Upstream {
     pub(super) fail_timeout_ms: Option<Spanned<u64>>,
     pub(super) health_check_path: Option<Spanned<String>>,
     pub(super) health_check_interval_ms: Option<Spanned<u64>>,
+    pub(super) ca: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]

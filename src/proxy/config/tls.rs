@@ -102,7 +102,7 @@ impl Validator<'_> {
         })
     }
 
-    fn pem_certs(
+    pub(super) fn pem_certs(
         &self,
         at: &Spanned<String>,
         file: &Path,

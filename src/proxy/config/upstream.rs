@@ -37,15 +37,16 @@ impl Validator<'_> {
                 format_args!("another [[upstream]] is already named {name:?}"),
             ));
         }
+        let mut schemes = Vec::new();
         let addresses = match (&u.url, &u.urls) {
-            (Some(url), None) => vec![self.address(url, &key("url"))?],
+            (Some(url), None) => vec![self.address(url, &key("url"), &mut schemes)?],
             (None, Some(urls)) => {
                 if urls.get_ref().is_empty() {
                     return Err(self.at(urls, key("urls"), "must list at least one URL"));
                 }
                 let mut out: Vec<Authority> = Vec::with_capacity(urls.get_ref().len());
                 for (j, url) in urls.get_ref().iter().enumerate() {
-                    let a = self.address(url, &key(&format!("urls[{j}]")))?;
+                    let a = self.address(url, &key(&format!("urls[{j}]")), &mut schemes)?;
                     if out.contains(&a) {
                         return Err(self.at(
                             url,
@@ -66,6 +67,39 @@ impl Validator<'_> {
                     key("url"),
                     "an upstream needs url (one address) or urls (several)",
                 ))
+            }
+        };
+        let https = schemes[0] == Scheme::HTTPS;
+        let (url_key, url_at) = match (&u.url, &u.urls) {
+            (Some(url), _) => ("url", url.span().start),
+            (_, Some(urls)) => ("urls", urls.span().start),
+            _ => unreachable!("checked above"),
+        };
+        if schemes.iter().any(|s| *s != schemes[0]) {
+            return Err(self.error(url_at, key(url_key), "mixes http:// and https:// addresses"));
+        }
+        match (u.protocol, https) {
+            (Protocol::H2c, true) => {
+                return Err(self.error(url_at, key(url_key), "protocol = \"h2c\" is cleartext: use http://, or protocol = \"h2\" for HTTP/2 over TLS"))
+            }
+            (Protocol::H2, false) => {
+                return Err(self.error(url_at, key(url_key), "protocol = \"h2\" is HTTP/2 over TLS: use https:// (or protocol = \"h2c\")"))
+            }
+            _ => {}
+        }
+        let ca = match &u.ca {
+            None => None,
+            Some(c) if !https => {
+                return Err(self.at(c, key("ca"), "only used with https:// upstreams"))
+            }
+            Some(c) => {
+                let path = self
+                    .file
+                    .parent()
+                    .unwrap_or(std::path::Path::new(""))
+                    .join(c.get_ref());
+                self.pem_certs(c, &path, &key("ca"))?;
+                Some(path)
             }
         };
         let positive = |v: &Option<Spanned<u64>>, k: &str, default: u64| match v {
@@ -122,7 +156,8 @@ impl Validator<'_> {
         };
         Ok(UpstreamSettings {
             name: name.clone(),
-            scheme: Scheme::HTTP,
+            scheme: schemes[0].clone(),
+            ca,
             authority: addresses[0].clone(),
             addresses,
             protocol: u.protocol,
@@ -136,14 +171,19 @@ impl Validator<'_> {
         })
     }
 
-    /// One upstream URL: `http://host:port`, nothing after the authority.
-    fn address(&self, url: &Spanned<String>, key: &str) -> Result<Authority, ConfigError> {
+    /// One upstream URL: `http://host:port` or `https://host:port`, nothing after the
+    /// authority. Its scheme is pushed onto `schemes`.
+    fn address(
+        &self,
+        url: &Spanned<String>,
+        key: &str,
+        schemes: &mut Vec<Scheme>,
+    ) -> Result<Authority, ConfigError> {
         let bad = |why: &str| self.at(url, key, format_args!("{:?} {why}", url.get_ref()));
         let uri: Uri = url.get_ref().parse().map_err(|_| bad("is not a URL"))?;
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            return Err(bad(
-                "must start with http:// (TLS to upstreams is not supported yet)",
-            ));
+        match uri.scheme() {
+            Some(s) if *s == Scheme::HTTP || *s == Scheme::HTTPS => schemes.push(s.clone()),
+            _ => return Err(bad("must start with http:// or https://")),
         }
         let authority = uri.authority().cloned().ok_or_else(|| bad("has no host"))?;
         if !matches!(uri.path(), "" | "/") || uri.query().is_some() {

@@ -31,16 +31,16 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::body::RequestBody;
 use super::dial::{DialError, Dialer};
+use super::tls::UpIo;
 
 /// At most this many idle connections are kept per upstream.
 const MAX_IDLE: usize = 1024;
 
-type Conn = http1::Connection<TokioIo<TcpStream>, RequestBody>;
+type Conn = http1::Connection<TokioIo<UpIo>, RequestBody>;
 
 /// One upstream HTTP/1.1 connection: the handle that sends requests and the future that does
 /// the I/O, which whoever holds it must poll.

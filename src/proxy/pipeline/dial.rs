@@ -18,6 +18,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::tls::{HyperIo, UpIo, UpstreamTls};
 use crate::config::{HealthCheck, UpstreamSettings};
 
 /// Why no connection could be opened.
@@ -68,6 +69,8 @@ pub(super) struct Dialer {
     max_fails: u32,
     fail_timeout: Duration,
     epoch: Instant,
+    /// `https` upstreams: the handshake after each connect.
+    tls: Option<UpstreamTls>,
 }
 
 impl Dialer {
@@ -95,6 +98,7 @@ impl Dialer {
             max_fails: settings.max_fails,
             fail_timeout: settings.fail_timeout,
             epoch: Instant::now(),
+            tls: UpstreamTls::new(settings),
         }
     }
 
@@ -102,8 +106,9 @@ impl Dialer {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// Opens a connection to the next live address, moving on after each failure.
-    pub(super) async fn connect(&self, timeout: Duration) -> Result<TcpStream, DialError> {
+    /// Opens a connection to the next live address, moving on after each failure; for an
+    /// `https` upstream, with its TLS handshake (within the same timeout).
+    pub(super) async fn connect(&self, timeout: Duration) -> Result<UpIo, DialError> {
         let n = self.addresses.len();
         let start = if n == 1 {
             0
@@ -123,13 +128,11 @@ impl Dialer {
                 continue;
             }
             tried += 1;
-            let attempt =
-                tokio::time::timeout(timeout, TcpStream::connect((a.host.as_str(), a.port)));
+            let attempt = tokio::time::timeout(timeout, self.open(a));
             let err = match attempt.await {
                 Ok(Ok(s)) => {
                     a.fails.store(0, Ordering::Relaxed);
                     a.ejected_until.store(0, Ordering::Relaxed);
-                    let _ = s.set_nodelay(true);
                     return Ok(s);
                 }
                 Ok(Err(source)) => AddressError::Connect {
@@ -161,6 +164,17 @@ impl Dialer {
     }
 }
 
+impl Dialer {
+    async fn open(&self, a: &Address) -> std::io::Result<UpIo> {
+        let tcp = TcpStream::connect((a.host.as_str(), a.port)).await?;
+        let _ = tcp.set_nodelay(true);
+        match &self.tls {
+            None => Ok(UpIo::Plain(tcp)),
+            Some(tls) => tls.connect(&a.host, tcp).await,
+        }
+    }
+}
+
 /// Checks every address of `dialer` every `check.interval` until the dialer is dropped.
 pub(super) fn spawn_health_checks(dialer: &Arc<Dialer>, check: HealthCheck, connect: Duration) {
     let weak: Weak<Dialer> = Arc::downgrade(dialer);
@@ -174,11 +188,15 @@ pub(super) fn spawn_health_checks(dialer: &Arc<Dialer>, check: HealthCheck, conn
             };
             for a in &dialer.addresses {
                 let limit = connect + check.interval;
-                let verdict =
-                    match tokio::time::timeout(limit, probe(a, &check.path, connect)).await {
-                        Ok(r) => r,
-                        Err(_) => Err(format!("no answer within {limit:?}")),
-                    };
+                let verdict = match tokio::time::timeout(
+                    limit,
+                    probe(&dialer, a, &check.path, connect),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(format!("no answer within {limit:?}")),
+                };
                 match verdict {
                     Ok(()) => {
                         if a.down.swap(false, Ordering::Relaxed) {
@@ -199,14 +217,13 @@ pub(super) fn spawn_health_checks(dialer: &Arc<Dialer>, check: HealthCheck, conn
 }
 
 /// `GET path` on one address: Ok for a 2xx or 3xx status line.
-async fn probe(a: &Address, path: &str, connect: Duration) -> Result<(), String> {
+async fn probe(dialer: &Dialer, a: &Address, path: &str, connect: Duration) -> Result<(), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s =
-        match tokio::time::timeout(connect, TcpStream::connect((a.host.as_str(), a.port))).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(format!("connect: {e}")),
-            Err(_) => return Err(format!("connect timed out after {connect:?}")),
-        };
+    let mut s = match tokio::time::timeout(connect, dialer.open(a)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => return Err(format!("connect: {e}")),
+        Err(_) => return Err(format!("connect timed out after {connect:?}")),
+    };
     let req = format!(
         "GET {path} HTTP/1.1\r\nhost: {}\r\nuser-agent: palisade-health-check\r\nconnection: close\r\n\r\n",
         a.shown
@@ -248,7 +265,7 @@ pub(super) struct Dial {
 }
 
 impl tower_service::Service<Uri> for Dial {
-    type Response = TokioIo<TcpStream>;
+    type Response = HyperIo;
     type Error = DialError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, DialError>> + Send>>;
 
@@ -258,6 +275,11 @@ impl tower_service::Service<Uri> for Dial {
 
     fn call(&mut self, _: Uri) -> Self::Future {
         let (dialer, timeout) = (Arc::clone(&self.dialer), self.timeout);
-        Box::pin(async move { dialer.connect(timeout).await.map(TokioIo::new) })
+        Box::pin(async move {
+            dialer
+                .connect(timeout)
+                .await
+                .map(|io| HyperIo(TokioIo::new(io)))
+        })
     }
 }

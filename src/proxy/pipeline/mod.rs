@@ -11,6 +11,7 @@ mod forward;
 mod refuse;
 mod request;
 mod rewrite;
+mod tls;
 mod upgrade;
 mod upstream;
 

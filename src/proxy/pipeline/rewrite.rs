@@ -46,7 +46,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     let normalized_host = f.normalized_host;
     // Parsed only where it is used (h2c's :authority, or a Host to fill in): HTTP/1.1 requests
     // with a Host of their own skip it.
-    let needs_authority = settings.protocol == Protocol::H2c
+    let needs_authority = settings.protocol.is_http2()
         || normalized_host.is_some()
         || !parts.headers.contains_key(header::HOST);
     let client_authority = if !needs_authority {
@@ -66,7 +66,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     match settings.protocol {
         // The connector always dials the upstream, so the URI can carry the client's
         // authority: HTTP/2 sends it as :authority (which must agree with any Host).
-        Protocol::H2c => {
+        Protocol::H2c | Protocol::H2 => {
             uri.scheme = Some(settings.scheme.clone());
             uri.authority = Some(
                 client_authority
@@ -85,7 +85,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     parts.uri = Uri::from_parts(uri).expect("the URI's parts agree with its form");
     parts.version = match settings.protocol {
         Protocol::Http1 => Version::HTTP_11,
-        Protocol::H2c => Version::HTTP_2,
+        Protocol::H2c | Protocol::H2 => Version::HTTP_2,
     };
 
     let h = &mut parts.headers;
@@ -94,7 +94,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
         h.remove(f.token_header);
     }
     match settings.protocol {
-        Protocol::H2c => {
+        Protocol::H2c | Protocol::H2 => {
             h.remove(header::HOST);
         }
         Protocol::Http1 => {

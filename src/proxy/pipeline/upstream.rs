@@ -22,7 +22,7 @@ pub(super) struct Upstream {
 pub(super) enum Via {
     /// HTTP/1.1: the client connection's own upstream connection, or one from the idle pool.
     Affine(Arc<IdlePool>),
-    /// h2c: one shared client; HTTP/2 multiplexes every request over its connection.
+    /// h2c or h2: one shared client; HTTP/2 multiplexes every request over its connection.
     Pooled(Box<Client<Dial, RequestBody>>),
 }
 
@@ -34,7 +34,7 @@ impl Upstream {
         }
         let via = match settings.protocol {
             Protocol::Http1 => Via::Affine(Arc::new(IdlePool::new(settings.idle_timeout))),
-            Protocol::H2c => Via::Pooled(Box::new(h2c_client(settings, &dialer))),
+            Protocol::H2c | Protocol::H2 => Via::Pooled(Box::new(h2c_client(settings, &dialer))),
         };
         Self {
             settings: settings.clone(),
