@@ -402,9 +402,34 @@ fn upstream_config_errors_name_their_key() {
             "listed twice",
         ),
         (
-            "urls = [\"https://127.0.0.1:2\"]",
+            "urls = [\"ftp://127.0.0.1:2\"]",
             "upstream[0].urls[0]",
-            "http://",
+            "http:// or https://",
+        ),
+        (
+            "urls = [\"http://127.0.0.1:2\", \"https://127.0.0.1:3\"]",
+            "upstream[0].urls",
+            "mixes http:// and https://",
+        ),
+        (
+            "url = \"https://127.0.0.1:2\"\nprotocol = \"h2c\"",
+            "upstream[0].url",
+            "use http://",
+        ),
+        (
+            "url = \"http://127.0.0.1:2\"\nprotocol = \"h2\"",
+            "upstream[0].url",
+            "use https://",
+        ),
+        (
+            "url = \"http://127.0.0.1:2\"\nca = \"ca.pem\"",
+            "upstream[0].ca",
+            "only used with https://",
+        ),
+        (
+            "url = \"https://127.0.0.1:2\"\nca = \"missing.pem\"",
+            "upstream[0].ca",
+            "cannot read",
         ),
         (
             "url = \"http://127.0.0.1:1\"\nmax_fails = 0",
