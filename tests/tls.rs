@@ -354,7 +354,7 @@ async fn https_upstream(pki: &Pki) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let limits = palisade::server::Limits {
-        tls: Some(server_config(pki)),
+        tls: Some(Arc::new(arc_swap::ArcSwap::new(server_config(pki)))),
         ..palisade::server::Limits::default()
     };
     tokio::spawn(palisade::server::serve_with(

@@ -125,7 +125,10 @@ pub async fn run(
         http2_keepalive_interval: p.http2_keepalive_interval,
         grace,
         max_header_bytes: p.max_header_bytes,
-        tls: p.tls.as_ref().map(|t| Arc::clone(&t.server)),
+        tls: p
+            .tls
+            .as_ref()
+            .map(|t| Arc::new(arc_swap::ArcSwap::new(Arc::clone(&t.server)))),
     };
     // The admin listener is for operators and scrapers: a few connections are plenty, and its
     // own budget means a flood of connections on the data path does not lock operators out

@@ -113,7 +113,7 @@ async fn upstream_with(
     let (stop, stopped) = oneshot::channel::<()>();
     let l = log.clone();
     let limits = palisade::server::Limits {
-        tls,
+        tls: tls.map(|t| std::sync::Arc::new(arc_swap::ArcSwap::new(t))),
         grace: Duration::from_secs(1),
         ..palisade::server::Limits::default()
     };

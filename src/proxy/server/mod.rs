@@ -52,9 +52,14 @@ pub struct Limits {
     /// `max_header_bytes`: the largest request head; HTTP/1.1 clients over it get 431.
     pub max_header_bytes: usize,
     /// `[proxy.tls]`: terminate TLS with this configuration (the handshake counts toward
-    /// `header_read_timeout`).
-    pub tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// `header_read_timeout`). Each new connection uses the configuration current when it is
+    /// accepted, so a reload can replace certificates without a restart.
+    pub tls: Option<TlsConfig>,
 }
+
+/// The listener's TLS configuration, replaceable while serving (a reload re-reads the
+/// certificate files).
+pub type TlsConfig = Arc<arc_swap::ArcSwap<tokio_rustls::rustls::ServerConfig>>;
 
 /// Who sent a request: the client's address, and whether its connection is TLS.
 #[derive(Debug, Clone, Copy)]
@@ -221,7 +226,7 @@ pub async fn serve_with<H, F, B, C>(
                 });
             }
             Some(tls) => {
-                let acceptor = tokio_rustls::TlsAcceptor::from(Arc::clone(tls));
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.load_full());
                 let builder = builder.clone();
                 tokio::spawn(async move {
                     let by = state.accepted() + watch.limits.header_read_timeout;
