@@ -326,6 +326,61 @@ fn check_prints_a_warning_for_a_catch_all_that_forwards_unlisted_methods() {
     );
 }
 
+#[test]
+fn check_reports_every_error_in_one_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"
+[proxy]
+listen = "127.0.0.1:8080"
+max_connections = 0
+[fencing]
+header = "X-Token"
+[[upstream]]
+name = "legacy"
+url = "ftp://127.0.0.1:9000"
+[[upstream]]
+name = "other"
+url = "http://127.0.0.1:9001"
+[[route]]
+name = "a"
+upstream = "legacy"
+path_prefix = "/a"
+[[route]]
+name = "b"
+upstream = "missing"
+path_prefix = "/b"
+[[route]]
+name = "c"
+upstream = "other"
+path_prefix = "/c"
+methods = ["post"]
+"#;
+    let path = write(dir.path(), "broken.toml", text);
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // One line per problem, in file order, each with file:line:column and key. Route "a"
+    // uses the broken upstream: its upstream's error is the one to fix, no second error.
+    let expected = [
+        ("broken.toml:4:", "proxy.max_connections"),
+        ("broken.toml:6:", "fencing.header"),
+        ("broken.toml:9:", "upstream[0].url"),
+        ("broken.toml:19:", "route[1].upstream"),
+        ("broken.toml:25:", "route[2].methods[0]"),
+    ];
+    for (place, key) in expected {
+        assert!(
+            stderr.lines().any(|l| l.contains(place) && l.contains(key)),
+            "missing {place} {key}: {stderr}"
+        );
+    }
+    assert!(!stderr.contains("route[0]"), "{stderr}");
+}
+
 #[tokio::test]
 async fn health_asks_the_admin_endpoint_and_fails_once_the_proxy_is_gone() {
     let s = setup().await;

@@ -317,6 +317,33 @@ pub enum ConfigError {
         /// What is wrong.
         message: String,
     },
+    /// More than one problem: every one found, in file order, one per line.
+    #[error("{}", several(.0))]
+    Several(Vec<ConfigError>),
+}
+
+fn several(errors: &[ConfigError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+impl ConfigError {
+    /// One error as itself, several as [`ConfigError::Several`] sorted by place.
+    pub(crate) fn collected(mut errors: Vec<ConfigError>) -> Self {
+        let place = |e: &ConfigError| match e {
+            ConfigError::Invalid { line, column, .. } => (*line, *column),
+            _ => (0, 0),
+        };
+        errors.sort_by_key(place);
+        if errors.len() == 1 {
+            errors.pop().expect("one error")
+        } else {
+            ConfigError::Several(errors)
+        }
+    }
 }
 
 /// The default admin address: loopback only.
@@ -345,7 +372,9 @@ impl Config {
     /// Validates `text` as if read from `file` (relative paths resolve against its directory).
     ///
     /// # Errors
-    /// [`ConfigError::Invalid`] naming the line, column and key of the first problem.
+    /// [`ConfigError::Invalid`] naming the line, column and key of the problem, or
+    /// [`ConfigError::Several`] with every problem found. A file that is not valid TOML, or
+    /// has an unknown, missing or mistyped key, stops at that first error.
     pub fn parse(text: &str, file: &Path) -> Result<Self, ConfigError> {
         let v = Validator { text, file };
         let de = toml::Deserializer::new(text);

@@ -10,39 +10,89 @@ use toml::Spanned;
 use super::*;
 
 impl Validator<'_> {
+    /// Validates every section, collecting every error found (each with its place and key)
+    /// rather than stopping at the first, so an operator can fix a file in one pass. A route
+    /// whose upstream is itself invalid is skipped: its upstream's error says what to fix.
     pub(super) fn validate(&self, raw: raw::File) -> Result<Config, ConfigError> {
-        let proxy = ProxySettings {
-            listen: self.listen(&raw.proxy.listen, "proxy.listen")?,
-            workers: match raw.proxy.workers {
+        let mut errors = Vec::new();
+        let proxy = keep(&mut errors, self.proxy(raw.proxy));
+        let admin = keep(&mut errors, self.admin(raw.admin));
+        let header = keep(&mut errors, self.header(raw.fencing));
+        let marks = keep(&mut errors, self.marks(raw.marks));
+
+        let mut upstreams: Vec<UpstreamSettings> = Vec::with_capacity(raw.upstream.len());
+        let mut broken = HashSet::new();
+        for (i, u) in raw.upstream.into_iter().enumerate() {
+            let name = u.name.get_ref().clone();
+            match self.upstream(i, u, &upstreams) {
+                Ok(u) => upstreams.push(u),
+                Err(e) => {
+                    errors.push(e);
+                    broken.insert(name);
+                }
+            }
+        }
+
+        let mut routes: Vec<RouteSettings> = Vec::with_capacity(raw.route.len());
+        let mut names = HashSet::new();
+        let mut spans = Vec::with_capacity(raw.route.len());
+        for (i, r) in raw.route.into_iter().enumerate() {
+            let span = r.name.span().start;
+            if let Some(Some(route)) = keep(
+                &mut errors,
+                self.route(i, r, &upstreams, &broken, &mut names),
+            ) {
+                spans.push(span);
+                routes.push(route);
+            }
+        }
+        let (Some(proxy), Some(admin), Some(header), Some(marks), true) =
+            (proxy, admin, header, marks, errors.is_empty())
+        else {
+            return Err(ConfigError::collected(errors));
+        };
+        let warnings = self.method_warnings(&routes, &spans);
+        Ok(Config {
+            file: self.file.to_path_buf(),
+            proxy,
+            admin,
+            fencing: FencingSettings { header },
+            marks,
+            upstreams,
+            routes,
+            warnings,
+        })
+    }
+
+    fn proxy(&self, p: raw::Proxy) -> Result<ProxySettings, ConfigError> {
+        Ok(ProxySettings {
+            listen: self.listen(&p.listen, "proxy.listen")?,
+            workers: match p.workers {
                 Some(w) if *w.get_ref() == 0 => {
                     return Err(self.at(&w, "proxy.workers", "must be at least 1"))
                 }
                 w => w.map(Spanned::into_inner),
             },
-            shutdown_grace: Duration::from_millis(raw.proxy.shutdown_grace_ms),
-            max_connections: self.positive(
-                raw.proxy.max_connections,
-                "proxy.max_connections",
-                10_000,
-            )?,
+            shutdown_grace: Duration::from_millis(p.shutdown_grace_ms),
+            max_connections: self.positive(p.max_connections, "proxy.max_connections", 10_000)?,
             header_read_timeout: Duration::from_millis(self.positive(
-                raw.proxy.header_read_timeout_ms,
+                p.header_read_timeout_ms,
                 "proxy.header_read_timeout_ms",
                 10_000,
             )?),
             idle_timeout: Duration::from_millis(self.positive(
-                raw.proxy.idle_timeout_ms,
+                p.idle_timeout_ms,
                 "proxy.idle_timeout_ms",
                 60_000,
             )?),
-            http2_keepalive_interval: (raw.proxy.http2_keepalive_interval_ms > 0)
-                .then(|| Duration::from_millis(raw.proxy.http2_keepalive_interval_ms)),
-            require_nfkc_paths: raw.proxy.require_nfkc_paths,
-            tls: match raw.proxy.tls {
+            http2_keepalive_interval: (p.http2_keepalive_interval_ms > 0)
+                .then(|| Duration::from_millis(p.http2_keepalive_interval_ms)),
+            require_nfkc_paths: p.require_nfkc_paths,
+            tls: match p.tls {
                 None => None,
                 Some(t) => Some(self.tls(t)?),
             },
-            max_header_bytes: match raw.proxy.max_header_bytes {
+            max_header_bytes: match p.max_header_bytes {
                 None => DEFAULT_MAX_HEADER_BYTES,
                 Some(m) if *m.get_ref() < MIN_HEADER_BYTES => {
                     return Err(self.at(
@@ -53,8 +103,11 @@ impl Validator<'_> {
                 }
                 Some(m) => m.into_inner(),
             },
-        };
-        let admin = match raw.admin {
+        })
+    }
+
+    fn admin(&self, a: Option<raw::Admin>) -> Result<Option<AdminSettings>, ConfigError> {
+        Ok(match a {
             None => Some(AdminSettings {
                 listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
             }),
@@ -65,8 +118,11 @@ impl Validator<'_> {
                     None => DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
                 },
             }),
-        };
-        let header = match raw.fencing.header {
+        })
+    }
+
+    fn header(&self, f: raw::Fencing) -> Result<HeaderName, ConfigError> {
+        Ok(match f.header {
             None => HeaderName::from_static(crate::token::DEFAULT_HEADER),
             Some(h) => HeaderName::from_bytes(h.get_ref().as_bytes())
                 .ok()
@@ -78,12 +134,15 @@ impl Validator<'_> {
                         format_args!("{:?} is not a lower-case HTTP header name", h.get_ref()),
                     )
                 })?,
-        };
-        let etcd = raw.marks.etcd;
-        if etcd.is_some() && raw.marks.store != raw::StoreKind::Etcd {
+        })
+    }
+
+    fn marks(&self, m: raw::Marks) -> Result<MarksSettings, ConfigError> {
+        let etcd = m.etcd;
+        if etcd.is_some() && m.store != raw::StoreKind::Etcd {
             return Err(self.error(0, "marks.etcd", "only used with store = \"etcd\""));
         }
-        let marks = match (raw.marks.store, raw.marks.path) {
+        Ok(match (m.store, m.path) {
             (raw::StoreKind::Memory, None) => MarksSettings::Memory,
             (raw::StoreKind::Memory, Some(p)) => {
                 return Err(self.at(&p, "marks.path", "only used with store = \"file\""))
@@ -109,130 +168,130 @@ impl Validator<'_> {
                 let base = self.file.parent().unwrap_or(Path::new(""));
                 MarksSettings::File { path: base.join(p) }
             }
-        };
+        })
+    }
 
-        let mut upstreams: Vec<UpstreamSettings> = Vec::with_capacity(raw.upstream.len());
-        for (i, u) in raw.upstream.into_iter().enumerate() {
-            let u = self.upstream(i, u, &upstreams)?;
-            upstreams.push(u);
+    /// Route `i`; `None` when its upstream is invalid (reported already).
+    fn route(
+        &self,
+        i: usize,
+        r: raw::Route,
+        upstreams: &[UpstreamSettings],
+        broken: &HashSet<String>,
+        names: &mut HashSet<String>,
+    ) -> Result<Option<RouteSettings>, ConfigError> {
+        let key = |k: &str| format!("route[{i}].{k}");
+        let name = r.name.get_ref().clone();
+        if name.is_empty() {
+            return Err(self.at(&r.name, key("name"), "must not be empty"));
         }
-
-        let mut routes: Vec<RouteSettings> = Vec::with_capacity(raw.route.len());
-        let mut names = HashSet::new();
-        let mut spans = Vec::with_capacity(raw.route.len());
-        for (i, r) in raw.route.into_iter().enumerate() {
-            let key = |k: &str| format!("route[{i}].{k}");
-            let name = r.name.get_ref().clone();
-            if name.is_empty() {
-                return Err(self.at(&r.name, key("name"), "must not be empty"));
+        if !names.insert(name.clone()) {
+            return Err(self.at(
+                &r.name,
+                key("name"),
+                format_args!("another [[route]] is already named {name:?}"),
+            ));
+        }
+        if broken.contains(r.upstream.get_ref()) {
+            return Ok(None); // its upstream's own error was reported
+        }
+        let upstream = upstreams
+            .iter()
+            .position(|u| &u.name == r.upstream.get_ref())
+            .ok_or_else(|| {
+                self.at(
+                    &r.upstream,
+                    key("upstream"),
+                    format_args!("no [[upstream]] is named {:?}", r.upstream.get_ref()),
+                )
+            })?;
+        let path = match (r.path, r.path_prefix) {
+            (Some(p), None) => PathMatch::Exact(self.route_path(&p, &key("path"))?),
+            (None, Some(p)) => PathMatch::Prefix(self.route_path(&p, &key("path_prefix"))?),
+            (Some(p), Some(_)) => {
+                return Err(self.at(&p, key("path"), "set either path or path_prefix, not both"))
             }
-            if !names.insert(name.clone()) {
+            (None, None) => {
                 return Err(self.at(
                     &r.name,
-                    key("name"),
-                    format_args!("another [[route]] is already named {name:?}"),
-                ));
+                    key("path_prefix"),
+                    "a route needs path or path_prefix (use \"/\" for everything)",
+                ))
             }
-            let upstream = upstreams
-                .iter()
-                .position(|u| &u.name == r.upstream.get_ref())
-                .ok_or_else(|| {
-                    self.at(
-                        &r.upstream,
-                        key("upstream"),
-                        format_args!("no [[upstream]] is named {:?}", r.upstream.get_ref()),
-                    )
-                })?;
-            let path = match (r.path, r.path_prefix) {
-                (Some(p), None) => PathMatch::Exact(self.route_path(&p, &key("path"))?),
-                (None, Some(p)) => PathMatch::Prefix(self.route_path(&p, &key("path_prefix"))?),
-                (Some(p), Some(_)) => {
+        };
+        let methods = match r.methods {
+            None => None,
+            Some(list) => {
+                if list.get_ref().is_empty() {
                     return Err(self.at(
-                        &p,
-                        key("path"),
-                        "set either path or path_prefix, not both",
-                    ))
+                        &list,
+                        key("methods"),
+                        "must list at least one method (omit it for every method)",
+                    ));
                 }
-                (None, None) => {
-                    return Err(self.at(
-                        &r.name,
-                        key("path_prefix"),
-                        "a route needs path or path_prefix (use \"/\" for everything)",
-                    ))
-                }
-            };
-            let methods = match r.methods {
-                None => None,
-                Some(list) => {
-                    if list.get_ref().is_empty() {
-                        return Err(self.at(
-                            &list,
-                            key("methods"),
-                            "must list at least one method (omit it for every method)",
-                        ));
+                let mut out = Vec::new();
+                for (j, m) in list.get_ref().iter().enumerate() {
+                    let s = m.get_ref();
+                    let valid = !s.is_empty()
+                        && s.bytes()
+                            .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_');
+                    let method = valid
+                        .then(|| Method::from_bytes(s.as_bytes()).ok())
+                        .flatten()
+                        .ok_or_else(|| {
+                            self.at(
+                                m,
+                                key(&format!("methods[{j}]")),
+                                format_args!(
+                                    "{s:?} is not an HTTP method (upper case, e.g. \"POST\")"
+                                ),
+                            )
+                        })?;
+                    if !out.contains(&method) {
+                        out.push(method);
                     }
-                    let mut out = Vec::new();
-                    for (j, m) in list.get_ref().iter().enumerate() {
-                        let s = m.get_ref();
-                        let valid = !s.is_empty()
-                            && s.bytes()
-                                .all(|b| b.is_ascii_uppercase() || b == b'-' || b == b'_');
-                        let method = valid
-                            .then(|| Method::from_bytes(s.as_bytes()).ok())
-                            .flatten()
-                            .ok_or_else(|| {
-                                self.at(
-                                    m,
-                                    key(&format!("methods[{j}]")),
-                                    format_args!(
-                                        "{s:?} is not an HTTP method (upper case, e.g. \"POST\")"
-                                    ),
-                                )
-                            })?;
-                        if !out.contains(&method) {
-                            out.push(method);
-                        }
-                    }
-                    Some(out)
                 }
-            };
-            let host = match r.host {
-                None => None,
-                Some(h) => Some(crate::host::parse_route_host(h.get_ref()).map_err(|why| {
-                    self.at(&h, key("host"), format_args!("{:?} {why}", h.get_ref()))
-                })?),
-            };
-            let resource = match r.resource {
-                None => name.clone(),
-                Some(res) if res.get_ref().is_empty() => {
-                    return Err(self.at(&res, key("resource"), "must not be empty"))
-                }
-                Some(res) => res.into_inner(),
-            };
-            let max_token = match r.max_token {
-                Some(m) if *m.get_ref() == 0 => {
-                    return Err(self.at(&m, key("max_token"), "must be at least 1"))
-                }
-                Some(m) if !r.guard => {
-                    return Err(self.at(&m, key("max_token"), "only used with guard = true"))
-                }
-                m => m.map(Spanned::into_inner),
-            };
-            let up = &upstreams[upstream];
-            let connect_timeout = match r.connect_timeout_ms {
-                Some(t) if *t.get_ref() == 0 => {
-                    return Err(self.at(&t, key("connect_timeout_ms"), "must be at least 1"))
-                }
-                Some(t) => Duration::from_millis(t.into_inner()),
-                None => up.connect_timeout,
-            };
-            let response_timeout = match r.response_timeout_ms {
-                Some(0) => None,
-                Some(t) => Some(Duration::from_millis(t)),
-                None => up.response_timeout,
-            };
-            let max_body_bytes = r.max_body_bytes.map(Spanned::into_inner);
-            let websocket = match r.websocket {
+                Some(out)
+            }
+        };
+        let host = match r.host {
+            None => None,
+            Some(h) => Some(crate::host::parse_route_host(h.get_ref()).map_err(|why| {
+                self.at(&h, key("host"), format_args!("{:?} {why}", h.get_ref()))
+            })?),
+        };
+        let resource = match r.resource {
+            None => name.clone(),
+            Some(res) if res.get_ref().is_empty() => {
+                return Err(self.at(&res, key("resource"), "must not be empty"))
+            }
+            Some(res) => res.into_inner(),
+        };
+        let max_token = match r.max_token {
+            Some(m) if *m.get_ref() == 0 => {
+                return Err(self.at(&m, key("max_token"), "must be at least 1"))
+            }
+            Some(m) if !r.guard => {
+                return Err(self.at(&m, key("max_token"), "only used with guard = true"))
+            }
+            m => m.map(Spanned::into_inner),
+        };
+        let up = &upstreams[upstream];
+        let connect_timeout = match r.connect_timeout_ms {
+            Some(t) if *t.get_ref() == 0 => {
+                return Err(self.at(&t, key("connect_timeout_ms"), "must be at least 1"))
+            }
+            Some(t) => Duration::from_millis(t.into_inner()),
+            None => up.connect_timeout,
+        };
+        let response_timeout = match r.response_timeout_ms {
+            Some(0) => None,
+            Some(t) => Some(Duration::from_millis(t)),
+            None => up.response_timeout,
+        };
+        let max_body_bytes = r.max_body_bytes.map(Spanned::into_inner);
+        let websocket =
+            match r.websocket {
                 Some(w) if *w.get_ref() && up.protocol != Protocol::Http1 => return Err(self.at(
                     &w,
                     key("websocket"),
@@ -240,38 +299,25 @@ impl Validator<'_> {
                 )),
                 w => w.is_some_and(Spanned::into_inner),
             };
-            spans.push(r.name.span().start);
-            routes.push(RouteSettings {
-                name,
-                upstream,
-                path,
-                methods,
-                host,
-                resource,
-                guard: r.guard,
-                missing_token: r.missing_token,
-                strip_token: r.strip_token,
-                other_methods: r.other_methods,
-                get_bodies: r.get_bodies,
-                max_token,
-                drain_timeout: Duration::from_millis(r.drain_timeout_ms),
-                connect_timeout,
-                response_timeout,
-                max_body_bytes,
-                websocket,
-            });
-        }
-        let warnings = self.method_warnings(&routes, &spans);
-        Ok(Config {
-            file: self.file.to_path_buf(),
-            proxy,
-            admin,
-            fencing: FencingSettings { header },
-            marks,
-            upstreams,
-            routes,
-            warnings,
-        })
+        Ok(Some(RouteSettings {
+            name,
+            upstream,
+            path,
+            methods,
+            host,
+            resource,
+            guard: r.guard,
+            missing_token: r.missing_token,
+            strip_token: r.strip_token,
+            other_methods: r.other_methods,
+            get_bodies: r.get_bodies,
+            max_token,
+            drain_timeout: Duration::from_millis(r.drain_timeout_ms),
+            connect_timeout,
+            response_timeout,
+            max_body_bytes,
+            websocket,
+        }))
     }
 
     pub(super) fn route_path(&self, p: &Spanned<String>, key: &str) -> Result<String, ConfigError> {
@@ -285,4 +331,9 @@ impl Validator<'_> {
             )),
         }
     }
+}
+
+/// Keeps `r`'s value, or notes its error and gives `None`.
+fn keep<T>(errors: &mut Vec<ConfigError>, r: Result<T, ConfigError>) -> Option<T> {
+    r.map_err(|e| errors.push(e)).ok()
 }
