@@ -1,5 +1,5 @@
-//! The layer's response future: a named type, so that a request decided at once (an equal
-//! token, an unguarded request, a refusal) costs no allocation of its own.
+//! The layer's response future: a named type, so that a request admitted at once (an equal
+//! token, an unguarded request) costs no allocation of its own.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,12 +31,9 @@ pin_project_lite::pin_project! {
             call: F,
             ticket: Option<Ticket>,
         },
-        /// Refused without waiting.
-        Refused {
-            response: Option<Response<FenceResponseBody<RB>>>,
-        },
         /// Admission has to wait (an advance and its drain, a resource's first use, a shared
-        /// store's confirmation), then the inner service runs: boxed, these are rare.
+        /// store's confirmation), then the inner service runs; or a refusal: boxed, these are
+        /// rare.
         Waiting {
             future: BoxFuture<Result<Response<FenceResponseBody<RB>>, E>>,
         },
@@ -50,12 +47,14 @@ impl<F, RB, E> ResponseFuture<F, RB, E> {
         }
     }
 
-    pub(super) fn refused(response: Response<FenceResponseBody<RB>>) -> Self {
-        Self {
-            state: State::Refused {
-                response: Some(response),
-            },
-        }
+    /// A refusal, boxed: keeps the common future small (a response is large), and a refused
+    /// request has just built a JSON body anyway.
+    pub(super) fn refused(response: Response<FenceResponseBody<RB>>) -> Self
+    where
+        RB: Send + 'static,
+        E: Send + 'static,
+    {
+        Self::waiting(Box::pin(std::future::ready(Ok(response))))
     }
 
     pub(super) fn waiting(future: BoxFuture<Result<Response<FenceResponseBody<RB>>, E>>) -> Self {
@@ -85,9 +84,6 @@ where
                     response.map(|b| FenceResponseBody::inner(b, ticket.take()))
                 ))
             }
-            StateProj::Refused { response } => Poll::Ready(Ok(response
-                .take()
-                .expect("a fence's response future polled after it completed"))),
             StateProj::Waiting { future } => future.as_mut().poll(cx),
         }
     }

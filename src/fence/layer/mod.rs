@@ -169,8 +169,8 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let (mut parts, body) = req.into_parts();
-        // Decided at once (an equal token, an unguarded request, a refusal): the service that
-        // was polled ready runs the request now, and the future is a small named one.
+        // Decided at once. Admitted (an equal token) or unguarded: the service that was polled
+        // ready runs the request now, and the future is a small named one, no allocation.
         match admit_now(&self.settings, &parts) {
             Some(Ok(admitted)) => {
                 let (for_body, for_response) = match admitted {
