@@ -3,9 +3,13 @@
 //! The guard layer's cost per request: an axum hello-world with and without `FenceLayer`, on
 //! the equal-token fast path (the mark equals the request's token, nothing to persist).
 //!
-//! Both services are driven the same way, in-process with `oneshot` on a current-thread
-//! runtime, so the difference between the two is what the layer adds (token parsing, the
-//! admission check, the drain ticket, the body wrappers, one boxed future).
+//! The services are driven the same way, in-process with `oneshot` on a current-thread
+//! runtime, so the difference between them is what the layer adds (token parsing, the
+//! admission check, the drain ticket, the token in the extensions, the body wrappers).
+//! `identity_layer` is the baseline for that difference that no layer can go below: axum's
+//! `Router::layer` wraps each route in a boxed service of its own and boxes both bodies
+//! (`tower::layer::util::Identity`, which adds nothing itself). `around_router` wraps the whole
+//! router instead (`FenceLayer::layer(router)`): no per-route box, only the layer's own cost.
 //!
 //! `cargo bench --features layer --bench layer`
 
@@ -31,7 +35,10 @@ fn bench(c: &mut Criterion) {
         Arc::new(Admission::open(store, ["orders"], &metrics).await.unwrap())
     });
     let plain = Router::new().route("/orders/{id}", post(|| async { "ok" }));
-    let fenced = plain.clone().layer(FenceLayer::new(admission, "orders"));
+    let identity = plain.clone().layer(tower::layer::util::Identity::new());
+    let layer = FenceLayer::new(admission, "orders");
+    let fenced = plain.clone().layer(layer.clone());
+    let around = tower::Layer::layer(&layer, plain.clone());
     let request = || {
         Request::post("/orders/7")
             .header("x-fencing-token", "51")
@@ -42,8 +49,14 @@ fn bench(c: &mut Criterion) {
     g.bench_function("without_layer", |b| {
         b.iter_custom(|n| run(&rt, n, || plain.clone().oneshot(request())))
     });
+    g.bench_function("identity_layer", |b| {
+        b.iter_custom(|n| run(&rt, n, || identity.clone().oneshot(request())))
+    });
     g.bench_function("with_layer", |b| {
         b.iter_custom(|n| run(&rt, n, || fenced.clone().oneshot(request())))
+    });
+    g.bench_function("around_router", |b| {
+        b.iter_custom(|n| run(&rt, n, || around.clone().oneshot(request())))
     });
     g.finish();
 }

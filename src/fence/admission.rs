@@ -240,6 +240,7 @@ impl Admission {
     /// store this process owns whose generation is ready (the fast path, no future to poll),
     /// `Some(Err(Stale))` below the mark, `None` when [`Admission::admit`] must decide (an
     /// advance, a drain in progress, a shared store that confirms every admission).
+    #[inline]
     pub fn admit_now(
         &self,
         resource: &Resource,

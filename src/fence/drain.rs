@@ -11,48 +11,72 @@
 //!
 //! # How
 //!
-//! Each resource has a current [`Generation`]: the mark it was created for, a count of the
-//! requests admitted under it that are still in flight, and a `ready` flag. An equal-token
-//! request enters the current generation (one `SeqCst` increment on this thread's shard of
-//! its count, then a check that it was not superseded); its [`Ticket`] leaves it when dropped, which the proxy does
-//! once the upstream exchange is over (request body sent or abandoned, response ended).
+//! Each resource has a current [`Cohort`]: the requests admitted under one mark, counted in a
+//! few cache-line-sized shards, and their [`Generation`] (the mark, a `ready` flag, and the
+//! `superseded` and `aborted` signals). An equal-token request enters the current cohort and
+//! holds a [`Ticket`] until it is dropped, which the proxy does once the upstream exchange is
+//! over (request body sent or abandoned, response ended).
 //!
 //! An advance to `t` (serialized per resource, after the mark is durable) installs a new
-//! generation for `t` that is not yet ready, publishes the mark, and then waits until the old
-//! generation's count reaches 0, at most `drain_timeout`. Then it aborts what is left: the
-//! old generation's abort signal makes every body of those requests fail at their next poll
-//! (so an upstream never receives the rest of a body) and their pending responses end. Only
-//! then is the new generation ready: the advancing request and every equal-token request that
-//! arrived meanwhile go upstream after the drain.
+//! cohort for `t` that is not yet ready, marks the old one superseded, publishes the mark, and
+//! then waits until the old cohort's count reaches 0, at most `drain_timeout`. Then it aborts
+//! what is left: the old generation's abort signal makes every body of those requests fail at
+//! their next poll (so an upstream never receives the rest of a body) and their pending
+//! responses end. Only then is the new generation ready: the advancing request and every
+//! equal-token request that arrived meanwhile go upstream after the drain.
 //!
-//! The count-then-check-`superseded` on the request side and the set-`superseded`-then-sum
-//! on the advance side are the two halves of a store-buffer (Dekker) pattern: with `SeqCst`
-//! on both, either the advance sees the request's count and waits for it, or the request sees
-//! that its generation was superseded and is judged again (stale). A shard read as 0 after
-//! `superseded` was set stays 0 for good: a later count on it backs out at once.
+//! # The equal-token path, and why the drainer never misses a request
+//!
+//! Entering costs two uncontended atomic read-modify-writes and leaving two more, all on
+//! cache lines of the entering thread's shard: no lock, no shared reference count, no
+//! `arc-swap` load. Each thread keeps, in a thread-local cache, a strong reference to its
+//! shard of the cohort it last entered. A request:
+//!
+//! 1. clones that reference (the ticket's own, so the shard outlives the request),
+//! 2. adds 1 to the shard's count (`SeqCst`),
+//! 3. loads the generation's `superseded` flag (`SeqCst`): if set, it takes its count back
+//!    and judges the request again against the current cohort (which is newer: stale).
+//!
+//! An advance stores `superseded` (`SeqCst`) and only then sums the old cohort's shards
+//! (`SeqCst` loads). All four kinds of access are `SeqCst`, so they fall in one total order
+//! consistent with each thread's program order. If the request's load in 3 read `false`, it
+//! precedes the advance's store in that order, so its increment in 2 does too, and so does
+//! every sum the advance takes afterwards: the advance counts the request and waits for its
+//! ticket. Otherwise the request saw `superseded` and was never admitted under the old mark.
+//! That is the store-buffer (Dekker) pattern; both sides need the store-then-load order, which
+//! `SeqCst` on all four (and nothing weaker) gives. A sum of 0 is final in the same way: a
+//! request counting in after it sees `superseded` and backs out.
+//!
+//! Leaving takes the count back (`SeqCst`) and then loads `superseded` (`SeqCst`): if set, it
+//! wakes the drainer, which sums again. The drainer creates its wake-up before each sum, so a
+//! leave its sum missed comes after the sum in the same total order, sees `superseded`, and
+//! wakes it (tokio's `Notify::notify_waiters` reaches every `Notified` created before it).
+//!
+//! The cache is keyed by the drain's unique id and holds the shard of one cohort: the cohort's
+//! token tells whether it is the request's own (equal), a newer one (the request is stale), or
+//! an older one (the cache is refreshed from the current cohort, the slow path, which also
+//! runs on a thread's first request and after every advance).
 
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+mod ticket;
+
+pub use self::ticket::{AbortSignal, AbortWait, Ticket};
+use self::ticket::{Counted, Shard, SHARDS};
+
 /// After an abort, how long the aborted requests get to notice it and end.
 pub const ABORT_GRACE: Duration = Duration::from_secs(1);
 
-/// The requests admitted under one mark.
+/// The signals of the requests admitted under one mark, shared by their tickets.
 #[derive(Debug)]
 pub struct Generation {
     token: u64,
-    /// Requests in flight, spread over shards so that threads admitting equal tokens do not
-    /// all contend on one cache line; a ticket gives its count back to the shard it took it
-    /// from, so every shard stays non-negative and their sum is the number in flight.
-    inflight: [Shard; SHARDS],
     /// Set once the previous generation has drained (or was aborted).
     ready: AtomicBool,
     ready_notify: Notify,
@@ -67,7 +91,6 @@ impl Generation {
     fn new(token: u64, ready: bool) -> Self {
         Self {
             token,
-            inflight: Default::default(),
             ready: AtomicBool::new(ready),
             ready_notify: Notify::new(),
             superseded: AtomicBool::new(false),
@@ -75,12 +98,6 @@ impl Generation {
             aborted: AtomicBool::new(false),
             abort_notify: Notify::new(),
         }
-    }
-
-    /// How many requests are in flight (a snapshot; see the module docs for why a zero read
-    /// after `superseded` is set stays zero).
-    fn in_flight(&self) -> u64 {
-        self.inflight.iter().map(|s| s.0.load(SeqCst)).sum()
     }
 
     /// Whether this generation's requests were aborted.
@@ -112,11 +129,41 @@ impl Generation {
             n.await;
         }
     }
+}
 
-    /// Waits until no request of this generation is in flight, or `deadline`; true if drained.
+/// The requests admitted under one mark: their [`Generation`] and their count, spread over
+/// shards so that threads admitting equal tokens do not contend on one cache line.
+#[derive(Debug)]
+pub struct Cohort {
+    generation: Arc<Generation>,
+    shards: [Arc<Shard>; SHARDS],
+}
+
+impl Cohort {
+    fn new(token: u64, ready: bool) -> Self {
+        let generation = Arc::new(Generation::new(token, ready));
+        Self {
+            shards: std::array::from_fn(|_| Arc::new(Shard::new(Arc::clone(&generation)))),
+            generation,
+        }
+    }
+
+    /// The generation of these requests.
+    pub fn generation(&self) -> &Arc<Generation> {
+        &self.generation
+    }
+
+    /// How many requests are in flight (a snapshot; see the module docs for why a zero read
+    /// after `superseded` is set is final).
+    fn in_flight(&self) -> u64 {
+        self.shards.iter().map(|s| s.in_flight()).sum()
+    }
+
+    /// Waits until no request of this cohort is in flight, or `deadline`; true if drained.
     async fn wait_drained(&self, deadline: Instant) -> bool {
         loop {
-            let n = self.drained.notified();
+            // Created (and so reachable by `notify_waiters`) before the sum: see the module docs.
+            let n = self.generation.drained.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             if self.in_flight() == 0 {
@@ -126,135 +173,6 @@ impl Generation {
                 return self.in_flight() == 0;
             }
         }
-    }
-}
-
-/// One request in flight under a generation (or one half of it: see [`Ticket::split`]).
-#[derive(Debug)]
-pub struct Ticket(Hold);
-
-#[derive(Debug)]
-enum Hold {
-    /// The whole request.
-    Whole(Counted),
-    /// One of the two halves of a request, which share its one count.
-    Half(Arc<Counted>),
-}
-
-/// How many shards a generation's in-flight count is spread over.
-const SHARDS: usize = 8;
-
-/// One shard, alone on its cache line.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-struct Shard(AtomicU64);
-
-/// The shard this thread counts in.
-fn shard_index() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        // Relaxed: any spread of threads over shards is correct, this only spreads them.
-        static SHARD: usize = NEXT.fetch_add(1, Relaxed) % SHARDS;
-    }
-    SHARD.with(|s| *s)
-}
-
-/// One count in a generation's in-flight requests, given back when dropped.
-#[derive(Debug)]
-struct Counted {
-    generation: Arc<Generation>,
-    shard: usize,
-}
-
-impl Counted {
-    /// Takes a count in `generation` on this thread's shard.
-    fn take(generation: Arc<Generation>) -> Self {
-        let shard = shard_index();
-        generation.inflight[shard].0.fetch_add(1, SeqCst);
-        Self { generation, shard }
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let g = &self.generation;
-        g.inflight[self.shard].0.fetch_sub(1, SeqCst);
-        // Only a drain waits; summing the shards is for that rare case.
-        if g.superseded.load(SeqCst) && g.in_flight() == 0 {
-            g.drained.notify_waiters();
-        }
-    }
-}
-
-impl Ticket {
-    fn whole(counted: Counted) -> Self {
-        Ticket(Hold::Whole(counted))
-    }
-
-    /// The generation this ticket counts in.
-    pub fn generation(&self) -> &Arc<Generation> {
-        match &self.0 {
-            Hold::Whole(c) => &c.generation,
-            Hold::Half(c) => &c.generation,
-        }
-    }
-
-    /// Two tickets for the same request, so that the request body and the response body
-    /// (which end at different times, in different tasks) each hold one. The request still
-    /// counts once (a drain's abort reports requests, not halves) and leaves its generation
-    /// when both halves are dropped.
-    pub fn split(self) -> (Ticket, Ticket) {
-        let shared = match self.0 {
-            Hold::Whole(c) => Arc::new(c),
-            Hold::Half(c) => c,
-        };
-        (
-            Ticket(Hold::Half(Arc::clone(&shared))),
-            Ticket(Hold::Half(shared)),
-        )
-    }
-
-    /// A future that resolves when this ticket's generation is aborted, owned so that a body
-    /// can keep it across polls.
-    pub fn abort_signal(&self) -> AbortSignal {
-        AbortSignal {
-            generation: Arc::clone(self.generation()),
-            wait: None,
-        }
-    }
-}
-
-/// Polled by a body that waits on its peer, so that an abort wakes it.
-pub struct AbortSignal {
-    generation: Arc<Generation>,
-    wait: Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>,
-}
-
-impl std::fmt::Debug for AbortSignal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AbortSignal")
-            .field("aborted", &self.generation.is_aborted())
-            .finish()
-    }
-}
-
-impl AbortSignal {
-    /// Whether the abort happened; the flag alone, no registration.
-    pub fn is_aborted(&self) -> bool {
-        self.generation.is_aborted()
-    }
-
-    /// Ready once aborted; registers the waker otherwise. The waiting future is allocated on
-    /// the first pending poll only, so bodies that never wait pay nothing.
-    pub fn poll_aborted(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        if self.generation.is_aborted() {
-            return Poll::Ready(());
-        }
-        let g = Arc::clone(&self.generation);
-        self.wait
-            .get_or_insert_with(|| Box::pin(async move { g.aborted().await }))
-            .as_mut()
-            .poll(cx)
     }
 }
 
@@ -277,7 +195,9 @@ pub enum Entry {
 /// Per-resource in-flight accounting.
 #[derive(Debug)]
 pub struct Drain {
-    current: ArcSwap<Generation>,
+    /// Tells this drain's entries in the threads' caches from other drains'.
+    id: u64,
+    current: ArcSwap<Cohort>,
 }
 
 /// How an advance's drain ended.
@@ -292,35 +212,57 @@ pub struct Drained {
 impl Drain {
     /// Accounting for a resource whose mark is `mark` (nothing in flight).
     pub fn new(mark: u64) -> Self {
+        // Relaxed: only uniqueness matters.
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
-            current: ArcSwap::from_pointee(Generation::new(mark, true)),
+            id: NEXT_ID.fetch_add(1, Relaxed),
+            current: ArcSwap::from_pointee(Cohort::new(mark, true)),
         }
     }
 
     /// Enters the current generation with `token`, which the caller found equal to the mark.
+    #[inline]
     pub fn enter(&self, token: u64) -> Entry {
-        let g = self.current.load_full();
-        if g.token > token {
-            return Entry::Stale { mark: g.token };
+        if let Some(shard) = ticket::cached(self.id) {
+            if let Some(entry) = Self::enter_shard(shard, token) {
+                return entry;
+            }
         }
-        if g.token < token {
-            // The mark moved to `token` but the generation is not installed yet: cannot
-            // happen (generations are installed before the mark is published), but judging
-            // again is always safe.
-            return Entry::Retry;
+        // This thread's first request, or its cached cohort is older or superseded.
+        let current = self.current.load();
+        let shard = Arc::clone(&current.shards[ticket::shard_index()]);
+        ticket::cache(self.id, &shard);
+        // `None` here: the current cohort is older than the mark (cannot happen, cohorts are
+        // installed before the mark is published) or was superseded meanwhile. Judging again
+        // is always safe.
+        Self::enter_shard(shard, token).unwrap_or(Entry::Retry)
+    }
+
+    /// Counts a request in `shard` (see the module docs); `None` when the shard's cohort is
+    /// older than `token` or superseded.
+    // Always inlined: returned through memory, an `Entry` costs a failed store-to-load forward
+    // right after the count's locked instruction (measured: about 7 ns of the path's 23).
+    #[inline(always)]
+    fn enter_shard(shard: Arc<Shard>, token: u64) -> Option<Entry> {
+        let mark = shard.generation().token;
+        if mark > token {
+            return Some(Entry::Stale { mark });
         }
-        // The count, then `superseded`: the other half of `install`'s store-then-count.
-        let counted = Counted::take(g);
-        let g = &counted.generation;
+        if mark < token {
+            return None;
+        }
+        // The count, then `superseded`: the request's half of the store-buffer pattern.
+        let counted = Counted::take(shard);
+        let g = counted.generation();
         if g.superseded.load(SeqCst) {
-            return Entry::Retry;
+            return None;
         }
         if !g.ready.load(SeqCst) {
             let g = Arc::clone(g);
             drop(counted);
-            return Entry::NotReady(g);
+            return Some(Entry::NotReady(g));
         }
-        Entry::Entered(Ticket::whole(counted))
+        Some(Entry::Entered(Ticket::whole(counted)))
     }
 
     /// Waits until `generation` is ready (its predecessor drained).
@@ -329,27 +271,28 @@ impl Drain {
     }
 
     /// Installs the generation for `token` (entered once, for the advancing request) and
-    /// returns it with the generation it replaces. Call with the resource's advance lock held,
+    /// returns it with the cohort it replaces. Call with the resource's advance lock held,
     /// after `token` is durable and before it is published.
-    pub fn install(&self, token: u64) -> (Ticket, Arc<Generation>) {
-        let next = Arc::new(Generation::new(token, false));
-        let counted = Counted::take(Arc::clone(&next));
+    pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
+        let next = Arc::new(Cohort::new(token, false));
+        let counted = Counted::take(Arc::clone(&next.shards[ticket::shard_index()]));
         let old = self.current.swap(next);
-        // `superseded`, then the count (read by `finish`): with `enter`'s count-then-
-        // `superseded`, every request either sees this flag or is counted below.
-        old.superseded.store(true, SeqCst);
+        // `superseded`, then the count (read by `finish`): the advance's half of the
+        // store-buffer pattern.
+        old.generation.superseded.store(true, SeqCst);
         (Ticket::whole(counted), old)
     }
 
     /// Waits for `old`'s requests for at most `timeout`, aborts the rest, and then makes the
     /// generation of `ticket` ready. Call with the advance lock still held.
-    pub async fn finish(&self, ticket: &Ticket, old: &Generation, timeout: Duration) -> Drained {
+    pub async fn finish(&self, ticket: &Ticket, old: &Cohort, timeout: Duration) -> Drained {
         let started = Instant::now();
         let mut aborted = 0;
         if !old.wait_drained(started + timeout).await {
             aborted = old.in_flight();
-            old.aborted.store(true, SeqCst);
-            old.abort_notify.notify_waiters();
+            let g = &old.generation;
+            g.aborted.store(true, SeqCst);
+            g.abort_notify.notify_waiters();
             if !old.wait_drained(Instant::now() + ABORT_GRACE).await {
                 tracing::error!(
                     left = old.in_flight(),

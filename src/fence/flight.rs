@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 
-use crate::drain::{AbortSignal, Ticket};
+use crate::drain::{AbortWait, Ticket};
 
 /// The error of a fenced body: the inner body's, or [`Aborted`].
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
@@ -22,8 +22,8 @@ pub struct Aborted;
 
 /// A drain ticket and its abort signal, carried by a body.
 pub struct Flight {
-    _ticket: Ticket,
-    abort: AbortSignal,
+    ticket: Ticket,
+    abort: AbortWait,
 }
 
 impl std::fmt::Debug for Flight {
@@ -35,9 +35,9 @@ impl std::fmt::Debug for Flight {
 impl Flight {
     /// The flight of `ticket`, if the request has one (guarded and admitted).
     pub fn of(ticket: Option<Ticket>) -> Option<Self> {
-        ticket.map(|t| Self {
-            abort: t.abort_signal(),
-            _ticket: t,
+        ticket.map(|ticket| Self {
+            ticket,
+            abort: AbortWait::default(),
         })
     }
 }
@@ -54,7 +54,10 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BodyError>,
 {
-    if flight.as_ref().is_some_and(|f| f.abort.is_aborted()) {
+    if flight
+        .as_ref()
+        .is_some_and(|f| f.ticket.generation().is_aborted())
+    {
         return Poll::Ready(Some(Err(Box::new(Aborted))));
     }
     match inner.poll_frame(cx) {
@@ -68,7 +71,7 @@ where
         Poll::Pending => {
             if flight
                 .as_mut()
-                .is_some_and(|f| f.abort.poll_aborted(cx).is_ready())
+                .is_some_and(|f| f.abort.poll(f.ticket.generation(), cx).is_ready())
             {
                 return Poll::Ready(Some(Err(Box::new(Aborted))));
             }

@@ -6,7 +6,7 @@
 //! [`MemoryProvider::set_partitioned`] cuts one client off the store, as a network partition
 //! would, to test lease loss without a real network.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -15,14 +15,16 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{
-    Backend, BackendError, BoxFuture, Compare, Event, EventKind, Events, KeyRange, Kv, LeaseId,
-    LeaseInfo, Op, OpResponse, Provider, Revision, SortByCreate, Txn, TxnResponse,
+    Backend, BackendError, BoxFuture, Event, Events, KeyRange, LeaseId, LeaseInfo, Provider,
+    Revision, Txn, TxnResponse,
 };
 use crate::error::Error;
 use crate::session::{Session, SessionOptions};
 
-/// How many past events the store keeps for watches that start in the past.
-const HISTORY: usize = 100_000;
+mod state;
+
+use self::state::{Lease, State, Watcher};
+
 /// How often leases are checked for expiry.
 const REAP_EVERY: Duration = Duration::from_millis(20);
 
@@ -54,29 +56,6 @@ struct Store {
     state: Mutex<State>,
     next_client: AtomicU64,
     reaper_started: AtomicBool,
-}
-
-#[derive(Default)]
-struct State {
-    revision: Revision,
-    kvs: BTreeMap<String, Kv>,
-    leases: HashMap<LeaseId, Lease>,
-    next_lease: LeaseId,
-    history: VecDeque<Event>,
-    compacted: Revision,
-    watchers: Vec<Watcher>,
-}
-
-struct Lease {
-    ttl: i64,
-    deadline: Instant,
-    keys: BTreeSet<String>,
-}
-
-struct Watcher {
-    client: u64,
-    range: KeyRange,
-    tx: mpsc::UnboundedSender<Vec<Event>>,
 }
 
 impl Default for MemoryProvider {
@@ -180,207 +159,6 @@ impl MemoryProvider {
 impl Store {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
-fn refused(msg: &str) -> BackendError {
-    BackendError::Refused(msg.to_owned().into())
-}
-
-impl State {
-    fn compare(&self, c: &Compare) -> bool {
-        match c {
-            Compare::CreateRevisionEq(range, rev) => {
-                let mut any = false;
-                for (k, kv) in self.kvs.range(range.start.clone()..) {
-                    if !range.contains(k) {
-                        break;
-                    }
-                    any = true;
-                    if kv.create_revision != *rev {
-                        return false;
-                    }
-                }
-                any || *rev == 0
-            }
-            Compare::ValueEq(key, value) => self.kvs.get(key).is_some_and(|kv| &kv.value == value),
-        }
-    }
-
-    fn range(
-        &self,
-        range: &KeyRange,
-        sort: Option<SortByCreate>,
-        limit: i64,
-        max_create: Revision,
-    ) -> Vec<Kv> {
-        let mut out: Vec<Kv> = self
-            .kvs
-            .range(range.start.clone()..)
-            .take_while(|(k, _)| range.contains(k))
-            .filter(|(_, kv)| max_create == 0 || kv.create_revision <= max_create)
-            .map(|(_, kv)| kv.clone())
-            .collect();
-        match sort {
-            Some(SortByCreate::Ascending) => out.sort_by_key(|kv| kv.create_revision),
-            Some(SortByCreate::Descending) => {
-                out.sort_by_key(|kv| std::cmp::Reverse(kv.create_revision))
-            }
-            None => {}
-        }
-        if limit > 0 {
-            out.truncate(limit as usize);
-        }
-        out
-    }
-
-    /// Decides every branch of `txn`, nested ones included, on the state before any of its
-    /// writes (as etcd does), and rejects the whole transaction up front if a put names a
-    /// lease that does not exist, so nothing is applied half-way.
-    fn plan(&self, txn: &Txn, branches: &mut Vec<bool>) -> Result<(), BackendError> {
-        let ok = txn.when.iter().all(|c| self.compare(c));
-        branches.push(ok);
-        for op in if ok { &txn.then } else { &txn.otherwise } {
-            match op {
-                Op::Put { lease, .. } if *lease != 0 && !self.leases.contains_key(lease) => {
-                    return Err(refused("requested lease not found"));
-                }
-                Op::Txn(inner) => self.plan(inner, branches)?,
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-
-    /// Applies `txn` at revision `rev` (the revision its writes get) along the branches
-    /// [`State::plan`] chose, collecting events.
-    fn apply(
-        &mut self,
-        txn: &Txn,
-        rev: Revision,
-        branches: &mut std::vec::IntoIter<bool>,
-        events: &mut Vec<Event>,
-    ) -> Result<(bool, Vec<OpResponse>), BackendError> {
-        let ok = branches.next().expect("planned");
-        let ops = if ok { &txn.then } else { &txn.otherwise };
-        let mut out = Vec::with_capacity(ops.len());
-        for op in ops {
-            out.push(match op {
-                Op::Put { key, value, lease } => {
-                    if *lease != 0 && !self.leases.contains_key(lease) {
-                        return Err(refused("requested lease not found"));
-                    }
-                    let create_revision = self.kvs.get(key).map_or(rev, |kv| kv.create_revision);
-                    if let Some(old) = self.kvs.get(key) {
-                        if old.lease != 0 {
-                            if let Some(l) = self.leases.get_mut(&old.lease) {
-                                l.keys.remove(key);
-                            }
-                        }
-                    }
-                    if *lease != 0 {
-                        self.leases
-                            .get_mut(lease)
-                            .expect("checked above")
-                            .keys
-                            .insert(key.clone());
-                    }
-                    let kv = Kv {
-                        key: key.clone(),
-                        value: value.clone(),
-                        create_revision,
-                        mod_revision: rev,
-                        lease: *lease,
-                    };
-                    self.kvs.insert(key.clone(), kv.clone());
-                    events.push(Event {
-                        kind: EventKind::Put,
-                        kv,
-                    });
-                    OpResponse::Put
-                }
-                Op::Range {
-                    range,
-                    sort,
-                    limit,
-                    max_create_revision,
-                } => OpResponse::Range(self.range(range, *sort, *limit, *max_create_revision)),
-                Op::Delete { key } => match self.kvs.remove(key) {
-                    Some(kv) => {
-                        if let Some(l) = self.leases.get_mut(&kv.lease) {
-                            l.keys.remove(key);
-                        }
-                        events.push(Event {
-                            kind: EventKind::Delete,
-                            kv: Kv {
-                                value: Vec::new(),
-                                mod_revision: rev,
-                                ..kv
-                            },
-                        });
-                        OpResponse::Delete
-                    }
-                    None => OpResponse::Delete,
-                },
-                Op::Txn(inner) => {
-                    let (succeeded, responses) = self.apply(inner, rev, branches, events)?;
-                    OpResponse::Txn(TxnResponse {
-                        succeeded,
-                        revision: rev,
-                        responses,
-                    })
-                }
-            });
-        }
-        Ok((ok, out))
-    }
-
-    fn publish(&mut self, events: Vec<Event>) {
-        if events.is_empty() {
-            return;
-        }
-        self.watchers.retain(|w| {
-            let mine: Vec<Event> = events
-                .iter()
-                .filter(|e| w.range.contains(&e.kv.key))
-                .cloned()
-                .collect();
-            mine.is_empty() || w.tx.send(mine).is_ok()
-        });
-        for e in events {
-            if self.history.len() == HISTORY {
-                if let Some(old) = self.history.pop_front() {
-                    self.compacted = old.kv.mod_revision;
-                }
-            }
-            self.history.push_back(e);
-        }
-    }
-
-    fn revoke(&mut self, id: LeaseId) -> bool {
-        let Some(lease) = self.leases.remove(&id) else {
-            return false;
-        };
-        if lease.keys.is_empty() {
-            return true;
-        }
-        self.revision += 1;
-        let rev = self.revision;
-        let mut events = Vec::new();
-        for key in lease.keys {
-            if let Some(kv) = self.kvs.remove(&key) {
-                events.push(Event {
-                    kind: EventKind::Delete,
-                    kv: Kv {
-                        value: Vec::new(),
-                        mod_revision: rev,
-                        ..kv
-                    },
-                });
-            }
-        }
-        self.publish(events);
-        true
     }
 }
 

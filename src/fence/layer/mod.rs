@@ -25,9 +25,8 @@
 //! ```
 
 mod body;
+mod future;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -38,6 +37,7 @@ use http_body::Body;
 
 pub use crate::flight::{Aborted, BodyError as BoxError};
 pub use body::{FenceRequestBody, FenceResponseBody};
+pub use future::ResponseFuture;
 
 use crate::admission::{Admission, Refused, Resource};
 use crate::guard::MissingToken;
@@ -148,8 +148,6 @@ impl<S> std::fmt::Debug for Fence<S> {
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
-
 impl<S, B, RB> tower_service::Service<Request<B>> for Fence<S>
 where
     S: tower_service::Service<Request<FenceRequestBody<B>>, Response = Response<RB>>
@@ -163,47 +161,38 @@ where
 {
     type Response = Response<FenceResponseBody<RB>>;
     type Error = S::Error;
-    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+    type Future = ResponseFuture<S::Future, RB, S::Error>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        // The service that was polled ready handles this request; a fresh clone takes its
-        // place (tower's usual pattern).
+        let (mut parts, body) = req.into_parts();
+        // Decided at once. Admitted (an equal token) or unguarded: the service that was polled
+        // ready runs the request now, and the future is a small named one, no allocation.
+        match admit_now(&self.settings, &parts) {
+            Some(Ok(admitted)) => {
+                let (for_body, for_response) = match admitted {
+                    Some((token, ticket)) => {
+                        parts.extensions.insert(token);
+                        let (for_body, for_response) = ticket.split();
+                        (Some(for_body), Some(for_response))
+                    }
+                    None => (None, None),
+                };
+                let req = Request::from_parts(parts, FenceRequestBody::new(body, for_body));
+                return ResponseFuture::called(self.inner.call(req), for_response);
+            }
+            Some(Err(refusal)) => return ResponseFuture::refused(refuse(refusal, &parts.headers)),
+            None => {}
+        }
+        // Admission has to wait. The service that was polled ready goes with the request; a
+        // fresh clone takes its place (tower's usual pattern).
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let settings = Arc::clone(&self.settings);
-        let (mut parts, body) = req.into_parts();
-        let grpc = crate::reject::grpc_content_type(&parts.headers);
-        // The equal-token path decides here, without a future of its own: the boxed future
-        // then only waits for the inner service (a small copy, no admission state).
-        match admit_now(&settings, &parts) {
-            Some(Ok(Some((token, ticket)))) => {
-                parts.extensions.insert(token);
-                let (for_body, for_response) = ticket.split();
-                let req = Request::from_parts(parts, FenceRequestBody::new(body, Some(for_body)));
-                let call = inner.call(req);
-                return Box::pin(async move {
-                    let resp = call.await?;
-                    Ok(resp.map(|b| FenceResponseBody::inner(b, Some(for_response))))
-                });
-            }
-            Some(Ok(None)) => {
-                let req = Request::from_parts(parts, FenceRequestBody::new(body, None));
-                let call = inner.call(req);
-                return Box::pin(async move {
-                    Ok(call.await?.map(|b| FenceResponseBody::inner(b, None)))
-                });
-            }
-            Some(Err(refusal)) => {
-                let resp = refuse(refusal, grpc.as_ref());
-                return Box::pin(async move { Ok(resp) });
-            }
-            None => {}
-        }
-        Box::pin(async move {
+        ResponseFuture::waiting(Box::pin(async move {
             match admit(&settings, &parts).await {
                 Ok(None) => {
                     let req = Request::from_parts(parts, FenceRequestBody::new(body, None));
@@ -218,70 +207,76 @@ where
                     let resp = inner.call(req).await?;
                     Ok(resp.map(|b| FenceResponseBody::inner(b, Some(for_response))))
                 }
-                Err(refusal) => Ok(refuse(refusal, grpc.as_ref())),
+                Err(refusal) => Ok(refuse(refusal, &parts.headers)),
             }
-        })
+        }))
     }
 }
 
 fn refuse<RB>(
     (rejection, resource, token): Refusal,
-    grpc: Option<&http::HeaderValue>,
+    headers: &http::HeaderMap,
 ) -> Response<FenceResponseBody<RB>> {
     let ctx = RejectContext {
         route: None,
         resource: resource.as_deref().map(Resource::name),
         token,
     };
+    let grpc = crate::reject::grpc_content_type(headers);
     rejection
-        .respond(ctx, grpc)
+        .respond(ctx, grpc.as_ref())
         .map(FenceResponseBody::rejected)
 }
 
 /// The synchronous part of [`admit`]: `None` when only the async path can decide.
-fn admit_now(
-    s: &Settings,
-    parts: &http::request::Parts,
-) -> Option<Result<Option<(FencingToken, crate::drain::Ticket)>, Refusal>> {
-    let resource = match &s.which {
-        Which::Fixed(_, cached) => Arc::clone(cached.get()?),
+fn admit_now(s: &Settings, parts: &http::request::Parts) -> Option<Result<Admitted, Refusal>> {
+    match &s.which {
+        Which::Fixed(_, cached) => decide_now(s, cached.get()?, parts),
         Which::Derived(f) => match f(parts) {
-            Some(n) => s.admission.resource(&n)?,
-            None => return Some(Ok(None)),
+            Some(n) => decide_now(s, &s.admission.resource(&n)?, parts),
+            None => Some(Ok(None)),
         },
-    };
+    }
+}
+
+/// [`admit_now`] for a known resource (borrowed: an admitted request takes no reference to it).
+fn decide_now(
+    s: &Settings,
+    resource: &Arc<Resource>,
+    parts: &http::request::Parts,
+) -> Option<Result<Admitted, Refusal>> {
     let token = match token::from_headers(&parts.headers, &s.header) {
         Ok(Some(t)) => t,
         Ok(None) if s.missing == MissingToken::Allow => return Some(Ok(None)),
         Ok(None) => return Some(Err((Rejection::MissingToken, None, None))),
         Err(e) => return Some(Err((Rejection::MalformedToken(e), None, None))),
     };
-    Some(match s.admission.admit_now(&resource, token)? {
+    Some(match s.admission.admit_now(resource, token)? {
         Ok(ticket) => Ok(Some((token, ticket))),
         Err(Refused::Stale { mark, .. }) => Err((
             Rejection::Stale {
                 token: token.get(),
                 mark,
             },
-            Some(resource),
+            Some(Arc::clone(resource)),
             Some(token.get()),
         )),
         Err(Refused::Unavailable { .. }) => Err((
             Rejection::StoreUnavailable,
-            Some(resource),
+            Some(Arc::clone(resource)),
             Some(token.get()),
         )),
     })
 }
 
+/// An admitted request's token and drain ticket (`None`: unguarded, or allowed without one).
+type Admitted = Option<(FencingToken, crate::drain::Ticket)>;
+
 type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
 
 /// The proxy's admission, in-process: `Ok(None)` for an unguarded or token-less allowed
 /// request, the token and its drain ticket when admitted.
-async fn admit(
-    s: &Settings,
-    parts: &http::request::Parts,
-) -> Result<Option<(FencingToken, crate::drain::Ticket)>, Refusal> {
+async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, Refusal> {
     let derived = match &s.which {
         Which::Fixed(..) => None,
         Which::Derived(f) => match f(parts) {

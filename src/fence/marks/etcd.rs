@@ -28,14 +28,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Txn, TxnOp, TxnOpResponse,
-    WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, Txn, TxnOp, TxnOpResponse,
 };
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::settings::EtcdSettings;
 use super::{BoxFuture, Consistency, MarkStore, Marks, StoreError};
+
+mod watch;
 
 /// The etcd mark store.
 #[derive(Clone)]
@@ -311,94 +312,5 @@ impl MarkStore for EtcdStore {
             .load(std::sync::atomic::Ordering::Relaxed);
         tokio::spawn(async move { store.watch_loop(from, tx).await });
         Some(rx)
-    }
-}
-
-impl EtcdStore {
-    /// Forwards every mark written under the prefix after revision `seen` until the receiver
-    /// is dropped. A broken watch is re-created from the last revision seen; a compacted one
-    /// reloads every mark first.
-    async fn watch_loop(self, mut seen: i64, tx: mpsc::UnboundedSender<(String, u64)>) {
-        let prefix = self.inner.prefix.clone();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            if tx.is_closed() {
-                return;
-            }
-            let options = WatchOptions::new()
-                .with_prefix()
-                .with_start_revision(seen + 1);
-            let stream = match self
-                .bounded("watch", || {
-                    let mut watch = self.inner.client.watch_client();
-                    let (prefix, options) = (prefix.clone(), options.clone());
-                    async move { watch.watch(prefix, Some(options)).await }
-                })
-                .await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "etcd marks watch: cannot start; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    continue;
-                }
-            };
-            let mut stream = stream;
-            loop {
-                let msg = tokio::select! {
-                    m = stream.message() => m,
-                    () = tx.closed() => return,
-                };
-                let resp = match msg {
-                    Ok(Some(r)) => r,
-                    Ok(None) => break,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "etcd marks watch broke; resuming");
-                        break;
-                    }
-                };
-                backoff = Duration::from_millis(50);
-                if resp.compact_revision() > 0 {
-                    // Events after `seen` are gone: read the present instead.
-                    tracing::warn!(
-                        compacted = resp.compact_revision(),
-                        seen,
-                        "etcd marks watch fell behind a compaction; reloading every mark"
-                    );
-                    match self.load_all().await {
-                        Ok((marks, rev)) => {
-                            for (name, mark) in marks {
-                                let _ = tx.send((name, mark));
-                            }
-                            seen = rev;
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "etcd marks reload failed; retrying");
-                            tokio::time::sleep(backoff).await;
-                        }
-                    }
-                    break;
-                }
-                for ev in resp.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    seen = seen.max(kv.mod_revision());
-                    if ev.event_type() != EventType::Put {
-                        continue;
-                    }
-                    let Some(name) = kv.key().get(prefix.len()..) else {
-                        continue;
-                    };
-                    match decode(kv.key(), kv.value()) {
-                        Ok(mark) => {
-                            let _ = tx.send((String::from_utf8_lossy(name).into_owned(), mark));
-                        }
-                        Err(e) => tracing::error!(error = %e, "etcd marks watch: bad value"),
-                    }
-                }
-            }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
-        }
     }
 }

@@ -1,0 +1,248 @@
+//! The equal-token side of a drain: a request's [`Ticket`], the shard it counts in, and each
+//! thread's cache of the shard it last entered (see the module docs of [`crate::drain`] for
+//! the ordering argument).
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use super::Generation;
+
+/// How many shards a cohort's in-flight count is spread over.
+pub(super) const SHARDS: usize = 8;
+
+/// One shard of a cohort's count. Aligned to a cache line so that its allocation (reference
+/// counts on one line, the count on the next) shares no line with another shard's.
+#[derive(Debug)]
+#[repr(align(64))]
+pub(super) struct Shard {
+    /// Requests in flight that counted in here. A ticket gives its count back to the shard it
+    /// took it from, so every shard stays non-negative and their sum is the number in flight.
+    count: AtomicU64,
+    generation: Arc<Generation>,
+}
+
+impl Shard {
+    pub(super) fn new(generation: Arc<Generation>) -> Self {
+        Self {
+            count: AtomicU64::new(0),
+            generation,
+        }
+    }
+
+    pub(super) fn generation(&self) -> &Arc<Generation> {
+        &self.generation
+    }
+
+    /// `SeqCst`: the advance's half of the store-buffer pattern reads these after `superseded`.
+    pub(super) fn in_flight(&self) -> u64 {
+        self.count.load(SeqCst)
+    }
+}
+
+/// How many cohorts' shards a thread keeps (one per resource it admits for, the oldest
+/// replaced first).
+const WAYS: usize = 4;
+
+/// A thread's shard index and the shards it last entered, by drain id.
+struct Cache {
+    shard: usize,
+    entries: [Option<(u64, Arc<Shard>)>; WAYS],
+    next: usize,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = RefCell::new(Cache {
+        shard: {
+            static NEXT: AtomicUsize = AtomicUsize::new(0);
+            // Relaxed: any spread of threads over shards is correct, this only spreads them.
+            NEXT.fetch_add(1, Relaxed) % SHARDS
+        },
+        entries: Default::default(),
+        next: 0,
+    });
+}
+
+/// The shard this thread counts in.
+pub(super) fn shard_index() -> usize {
+    // A thread being torn down counts in shard 0: correct, only less spread.
+    CACHE.try_with(|c| c.borrow().shard).unwrap_or(0)
+}
+
+/// A new reference to the shard this thread last cached for drain `id`.
+#[inline]
+pub(super) fn cached(id: u64) -> Option<Arc<Shard>> {
+    CACHE
+        .try_with(|c| {
+            c.borrow()
+                .entries
+                .iter()
+                .flatten()
+                .find(|(i, _)| *i == id)
+                .map(|(_, s)| Arc::clone(s))
+        })
+        .ok()
+        .flatten()
+}
+
+/// Caches `shard` as this thread's shard of drain `id`.
+pub(super) fn cache(id: u64, shard: &Arc<Shard>) {
+    let _ = CACHE.try_with(|c| {
+        let replaced = {
+            let mut c = c.borrow_mut();
+            let at = match c
+                .entries
+                .iter()
+                .position(|e| e.as_ref().is_some_and(|(i, _)| *i == id))
+            {
+                Some(at) => at,
+                None => {
+                    let at = c.next;
+                    c.next = (at + 1) % WAYS;
+                    at
+                }
+            };
+            c.entries[at].replace((id, Arc::clone(shard)))
+        };
+        // Dropped outside the borrow: it may be the last reference to an old generation.
+        drop(replaced);
+    });
+}
+
+/// One count in a shard, given back when dropped.
+#[derive(Debug)]
+pub(super) struct Counted(Arc<Shard>);
+
+impl Counted {
+    /// Counts in `shard` (`SeqCst`: the request's half of the store-buffer pattern).
+    #[inline(always)]
+    pub(super) fn take(shard: Arc<Shard>) -> Self {
+        shard.count.fetch_add(1, SeqCst);
+        Self(shard)
+    }
+
+    pub(super) fn generation(&self) -> &Arc<Generation> {
+        &self.0.generation
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, SeqCst);
+        // After the count (both `SeqCst`): a drainer whose sum missed this leave is woken.
+        let g = &self.0.generation;
+        if g.superseded.load(SeqCst) {
+            g.drained.notify_waiters();
+        }
+    }
+}
+
+/// One request in flight under a generation (or one half of it: see [`Ticket::split`]).
+#[derive(Debug)]
+pub struct Ticket(Hold);
+
+#[derive(Debug)]
+enum Hold {
+    /// The whole request.
+    Whole(Counted),
+    /// One of the two halves of a request, which share its one count.
+    Half(Arc<Counted>),
+}
+
+impl Ticket {
+    #[inline(always)]
+    pub(super) fn whole(counted: Counted) -> Self {
+        Ticket(Hold::Whole(counted))
+    }
+
+    /// The generation this ticket counts in.
+    pub fn generation(&self) -> &Arc<Generation> {
+        match &self.0 {
+            Hold::Whole(c) => c.generation(),
+            Hold::Half(c) => c.generation(),
+        }
+    }
+
+    /// Two tickets for the same request, so that the request body and the response body
+    /// (which end at different times, in different tasks) each hold one. The request still
+    /// counts once (a drain's abort reports requests, not halves) and leaves its generation
+    /// when both halves are dropped.
+    pub fn split(self) -> (Ticket, Ticket) {
+        let shared = match self.0 {
+            Hold::Whole(c) => Arc::new(c),
+            Hold::Half(c) => c,
+        };
+        (
+            Ticket(Hold::Half(Arc::clone(&shared))),
+            Ticket(Hold::Half(shared)),
+        )
+    }
+
+    /// A future that resolves when this ticket's generation is aborted, owned so that a body
+    /// can keep it across polls.
+    pub fn abort_signal(&self) -> AbortSignal {
+        AbortSignal {
+            generation: Arc::clone(self.generation()),
+            wait: AbortWait::default(),
+        }
+    }
+}
+
+/// The waiting part of an abort signal, for a holder that keeps the [`Ticket`] beside it (no
+/// reference of its own to the generation until it first has to wait).
+#[derive(Default)]
+pub struct AbortWait(Option<Pin<Box<dyn Future<Output = ()> + Send + Sync>>>);
+
+impl std::fmt::Debug for AbortWait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortWait")
+            .field("waiting", &self.0.is_some())
+            .finish()
+    }
+}
+
+impl AbortWait {
+    /// Ready once `generation` is aborted; registers the waker otherwise. The waiting future
+    /// is allocated on the first pending poll only, so bodies that never wait pay nothing.
+    pub fn poll(&mut self, generation: &Arc<Generation>, cx: &mut Context<'_>) -> Poll<()> {
+        if generation.is_aborted() {
+            return Poll::Ready(());
+        }
+        self.0
+            .get_or_insert_with(|| {
+                let g = Arc::clone(generation);
+                Box::pin(async move { g.aborted().await })
+            })
+            .as_mut()
+            .poll(cx)
+    }
+}
+
+/// Polled by a body that waits on its peer, so that an abort wakes it.
+pub struct AbortSignal {
+    generation: Arc<Generation>,
+    wait: AbortWait,
+}
+
+impl std::fmt::Debug for AbortSignal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortSignal")
+            .field("aborted", &self.generation.is_aborted())
+            .finish()
+    }
+}
+
+impl AbortSignal {
+    /// Whether the abort happened; the flag alone, no registration.
+    pub fn is_aborted(&self) -> bool {
+        self.generation.is_aborted()
+    }
+
+    /// Ready once aborted; registers the waker otherwise.
+    pub fn poll_aborted(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.wait.poll(&self.generation, cx)
+    }
+}
