@@ -18,12 +18,14 @@ use toml::Spanned;
 
 use crate::path;
 
+mod access_log;
 mod etcd;
 mod raw;
 mod validate;
 mod warnings;
 
 pub use crate::marks::settings::{EtcdSettings, EtcdTls, Password};
+pub use access_log::{AccessLogFormat, AccessLogSettings, AccessLogTarget};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -42,6 +44,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
     pub routes: Vec<RouteSettings>,
+    /// `[access_log]`; `None` (no table) = no access log.
+    pub access_log: Option<AccessLogSettings>,
     /// Valid but risky choices, each naming its place in the file (see [`ConfigWarning`]).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -137,8 +141,8 @@ pub enum Protocol {
     H2c,
 }
 
-/// `[[upstream]]`.
-#[derive(Debug, Clone)]
+/// `[[upstream]]`. Equal settings mean an unchanged upstream: a reload keeps its connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamSettings {
     /// `name`, referenced by routes.
     pub name: String,

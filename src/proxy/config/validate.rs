@@ -266,6 +266,7 @@ impl Validator<'_> {
                 drain_timeout: Duration::from_millis(r.drain_timeout_ms),
             });
         }
+        let access_log = raw.access_log.map(|a| self.access_log(a)).transpose()?;
         let warnings = self.method_warnings(&routes, &spans);
         Ok(Config {
             file: self.file.to_path_buf(),
@@ -275,6 +276,7 @@ impl Validator<'_> {
             marks,
             upstreams,
             routes,
+            access_log,
             warnings,
         })
     }
