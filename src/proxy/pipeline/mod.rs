@@ -6,6 +6,7 @@
 
 mod affine;
 mod body;
+mod build;
 mod forward;
 mod refuse;
 mod request;
@@ -19,38 +20,43 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 pub use crate::flight::{Aborted, BodyError};
 pub use affine::Affinity;
 pub use body::{RequestBody, Tracked};
+pub use build::CarriedOver;
 
 use self::body::InflightGuard;
 use self::forward::{forward, Forwarded};
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward};
 use self::upstream::Upstream;
+use crate::access_log::{AccessLog, Line};
 use crate::admission::{Admission, Resource};
-use crate::config::{Config, GetBodies, RouteSettings};
+use crate::config::{GetBodies, RouteSettings};
 use crate::drain::Ticket;
-use crate::metrics::{Metrics, Outcome, Outcomes, RouteMetrics};
+use crate::metrics::{Outcome, Outcomes, RouteMetrics};
 use crate::path::{self, PathError};
 use crate::reject::{Context, Rejection};
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub type ProxyBody = Either<Tracked, Full<Bytes>>;
 
-/// The reverse proxy's shared state: routes, upstream clients and admission.
+/// The reverse proxy's state for one configuration: routes, upstream clients, admission and
+/// the access log. A reload builds a new one ([`Proxy::build`]); a request keeps the one it
+/// started with until it is over.
 pub struct Proxy {
     routes: Vec<Route>,
-    upstreams: Vec<Upstream>,
+    upstreams: Vec<Arc<Upstream>>,
     header: HeaderName,
     require_nfkc_paths: bool,
     admission: Arc<Admission>,
     // Requests that never matched a route count under route="".
     unrouted: Outcomes,
+    access_log: Option<Arc<AccessLog>>,
 }
 
 struct Route {
@@ -59,6 +65,22 @@ struct Route {
     metrics: RouteMetrics,
     /// The `Allow` header of a 405 (`other_methods = "reject"`).
     allow: Option<HeaderValue>,
+}
+
+/// What became of a request, noted on the way for its access log line.
+#[derive(Default)]
+struct Note<'a> {
+    route: Option<&'a Route>,
+    outcome: Option<Outcome>,
+    token: Option<u64>,
+    upstream: Option<&'a str>,
+}
+
+impl<'a> Note<'a> {
+    fn set(&mut self, outcome: Outcome, token: Option<u64>) {
+        self.outcome = Some(outcome);
+        self.token = token;
+    }
 }
 
 /// Which route, if any, takes a request.
@@ -86,39 +108,6 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// Builds the proxy for `config`. Every guarded route's resource must be in `admission`.
-    ///
-    /// # Panics
-    /// If a guarded route's resource is missing from `admission` (a wiring bug, not bad input).
-    pub fn new(config: &Config, admission: Arc<Admission>, metrics: &Metrics) -> Self {
-        let upstreams = config.upstreams.iter().map(Upstream::new).collect();
-        let routes = config
-            .routes
-            .iter()
-            .map(|r| Route {
-                settings: r.clone(),
-                resource: r.guard.then(|| {
-                    admission
-                        .resource(&r.resource)
-                        .expect("every guarded resource is loaded")
-                }),
-                metrics: metrics.route(&r.name, r.guard.then_some(r.resource.as_str())),
-                allow: r.methods.as_ref().and_then(|ms| {
-                    let list: Vec<&str> = ms.iter().map(Method::as_str).collect();
-                    HeaderValue::from_str(&list.join(", ")).ok()
-                }),
-            })
-            .collect();
-        Self {
-            routes,
-            upstreams,
-            header: config.fencing.header.clone(),
-            require_nfkc_paths: config.proxy.require_nfkc_paths,
-            admission,
-            unrouted: metrics.outcomes(""),
-        }
-    }
-
     /// Handles one request from `peer`. Never fails: refusals are responses.
     /// `affinity` is the client connection's own: its upstream connection between requests.
     pub async fn handle(
@@ -128,6 +117,43 @@ impl Proxy {
         affinity: &Arc<Affinity>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
+        let Some(log) = &self.access_log else {
+            return self
+                .serve(req, peer, affinity, started, &mut Note::default())
+                .await;
+        };
+        // The request itself goes upstream: its line needs the method and the URI, whose
+        // clone shares the bytes hyper parsed (a reference count, no copy).
+        let method = req.method().clone();
+        let uri = req.uri().clone();
+        let mut note = Note::default();
+        let resp = self.serve(req, peer, affinity, started, &mut note).await;
+        let resource = note.route.and_then(|r| r.resource.as_deref());
+        log.record(&Line {
+            peer,
+            method: method.as_str(),
+            path: uri.path(),
+            route: note.route.map(|r| r.settings.name.as_str()),
+            resource: resource.map(Resource::name),
+            status: resp.status().as_u16(),
+            outcome: note.outcome.map_or("", Outcome::as_str),
+            token: note.token,
+            mark: resource.map(Resource::mark),
+            upstream: note.upstream,
+            latency: started.elapsed(),
+        });
+        resp
+    }
+
+    /// [`Proxy::handle`], noting what it decided in `note`.
+    async fn serve<'a>(
+        &'a self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        affinity: &Arc<Affinity>,
+        started: Instant,
+        note: &mut Note<'a>,
+    ) -> Response<ProxyBody> {
         let grpc = grpc_content_type(req.headers());
 
         let normalized = match path::normalize(req.uri().path()) {
@@ -143,6 +169,7 @@ impl Proxy {
                     grpc,
                     peer,
                     &req,
+                    note,
                 )
             }
         };
@@ -155,6 +182,7 @@ impl Proxy {
                     grpc,
                     peer,
                     &req,
+                    note,
                 )
             }
         };
@@ -162,14 +190,15 @@ impl Proxy {
             Routed::To(r) => r,
             Routed::MethodNotAllowed(r) => {
                 let allow = r.allow.clone();
+                note.route = Some(r);
                 let mut resp = self.refuse(
                     r,
                     Rejection::MethodNotAllowed,
-                    Outcome::MethodNotAllowed,
-                    None,
+                    (Outcome::MethodNotAllowed, None),
                     grpc,
                     peer,
                     started,
+                    note,
                 );
                 if let Some(a) = allow {
                     resp.headers_mut().insert(http::header::ALLOW, a);
@@ -177,9 +206,17 @@ impl Proxy {
                 return resp;
             }
             Routed::Nowhere => {
-                return self.refuse_unrouted(Rejection::NoRoute, Outcome::NoRoute, grpc, peer, &req)
+                return self.refuse_unrouted(
+                    Rejection::NoRoute,
+                    Outcome::NoRoute,
+                    grpc,
+                    peer,
+                    &req,
+                    note,
+                )
             }
         };
+        note.route = Some(route);
         // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
         // the next request on its connection, a request palisade never checked.
         let close_upstream = is_bodiless_method(req.method()) && has_body(&req);
@@ -187,7 +224,15 @@ impl Proxy {
             let why = Rejection::BadRequest(
                 "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
             );
-            let mut resp = self.refuse(route, why, Outcome::Malformed, None, grpc, peer, started);
+            let mut resp = self.refuse(
+                route,
+                why,
+                (Outcome::Malformed, None),
+                grpc,
+                peer,
+                started,
+                note,
+            );
             // The unread body must not be parsed as this connection's next request either.
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
@@ -208,11 +253,20 @@ impl Proxy {
         let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
             Ok(admitted) => admitted,
             Err((rejection, outcome, token)) => {
-                return self.refuse(route, rejection, outcome, token, grpc, peer, started)
+                return self.refuse(
+                    route,
+                    rejection,
+                    (outcome, token),
+                    grpc,
+                    peer,
+                    started,
+                    note,
+                )
             }
         };
 
         let upstream = &self.upstreams[route.settings.upstream];
+        note.upstream = Some(&upstream.settings.name);
         // The request body and the response each hold a half of the drain ticket: the exchange
         // counts as in flight until both are over.
         let (ticket, body_ticket) = match ticket.map(Ticket::split) {
@@ -237,12 +291,13 @@ impl Proxy {
         // 409.
         let result = match forward(upstream, affinity, req, aborted.as_ref()).await {
             Forwarded::Answered(r) => r,
-            Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started),
+            Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started, note),
         };
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok((resp, held)) => {
                 m.count(outcome);
+                note.set(outcome, token);
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &self.header);
                 Response::from_parts(
@@ -257,6 +312,7 @@ impl Proxy {
             }
             Err(rejection) => {
                 m.count(Outcome::UpstreamError);
+                note.set(Outcome::UpstreamError, token);
                 tracing::warn!(
                     route = %route.settings.name,
                     upstream = %upstream.settings.name,
