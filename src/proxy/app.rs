@@ -135,13 +135,7 @@ impl App {
             .as_ref()
             .map(|s| AccessLog::open(s, &log_metrics))
             .transpose()?;
-        let (proxy, _) = Proxy::build(
-            &config,
-            Arc::clone(&admission),
-            &metrics,
-            None,
-            access_log,
-        );
+        let (proxy, _) = Proxy::build(&config, Arc::clone(&admission), &metrics, None, access_log);
         let current = Arc::new(ArcSwap::from_pointee(proxy));
         for w in &config.warnings {
             tracing::warn!("config: {w}");

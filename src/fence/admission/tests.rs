@@ -135,11 +135,19 @@ async fn open_resources_loads_new_marks_and_never_replaces_a_known_resource() {
     assert!(Arc::ptr_eq(&orders, &adm.resource("orders").unwrap()));
     assert_eq!(orders.mark(), 51, "the advance stands");
     assert_eq!(adm.resource("fresh").unwrap().mark(), 100, "from the store");
-    assert_eq!(adm.resource("empty").unwrap().mark(), 0, "nothing stored yet");
+    assert_eq!(
+        adm.resource("empty").unwrap().mark(),
+        0,
+        "nothing stored yet"
+    );
     assert!(matches!(
         adm.admit(&adm.resource("fresh").unwrap(), t(99), D).await,
         Err(Refused::Stale { mark: 100, .. })
     ));
-    assert!(adm.open_resources(["fresh", "orders"]).await.unwrap().is_empty());
+    assert!(adm
+        .open_resources(["fresh", "orders"])
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(adm.resource("fresh").unwrap().mark(), 100);
 }

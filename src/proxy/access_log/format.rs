@@ -150,8 +150,7 @@ fn text_str(out: &mut Vec<u8>, s: Option<&str>) {
     };
     let plain = !s.is_empty()
         && s != "-"
-        && s
-            .bytes()
+        && s.bytes()
             .all(|b| b > b' ' && b != b'"' && b != b'=' && b != b'\\' && b != 0x7f);
     if plain {
         out.extend_from_slice(s.as_bytes());
@@ -261,10 +260,7 @@ mod tests {
         l.path = "/x\u{7f}";
         l.resource = Some("-");
         let s = written(&l, AccessLogFormat::Text);
-        assert!(
-            s.contains(r#"route="a b\"=\n" resource="-""#),
-            "{s}"
-        );
+        assert!(s.contains(r#"route="a b\"=\n" resource="-""#), "{s}");
         assert!(s.contains(r#"path="/x\u007f""#), "{s}");
         assert_eq!(s.matches('\n').count(), 1);
         let v: serde_json::Value =

@@ -54,11 +54,7 @@ impl Validator<'_> {
             None => AccessLogTarget::Stderr,
             Some(p) if p.get_ref() == "-" => AccessLogTarget::Stderr,
             Some(p) if p.get_ref().is_empty() => {
-                return Err(self.at(
-                    &p,
-                    "access_log.path",
-                    "must not be empty (\"-\" is stderr)",
-                ))
+                return Err(self.at(&p, "access_log.path", "must not be empty (\"-\" is stderr)"))
             }
             Some(p) if p.get_ref().ends_with('/') => {
                 return Err(self.at(

@@ -42,7 +42,11 @@ pub(super) fn keep(running: &Config, next: &mut Config) -> Vec<KeptKey> {
     };
     let (r, n) = (&running.proxy, &next.proxy);
     check("proxy.listen", r.listen.to_string(), n.listen.to_string());
-    check("proxy.workers", show_workers(r.workers), show_workers(n.workers));
+    check(
+        "proxy.workers",
+        show_workers(r.workers),
+        show_workers(n.workers),
+    );
     check(
         "proxy.shutdown_grace_ms",
         ms(r.shutdown_grace),
@@ -65,8 +69,10 @@ pub(super) fn keep(running: &Config, next: &mut Config) -> Vec<KeptKey> {
     );
     check(
         "proxy.http2_keepalive_interval_ms",
-        r.http2_keepalive_interval.map_or_else(|| "0".to_owned(), ms),
-        n.http2_keepalive_interval.map_or_else(|| "0".to_owned(), ms),
+        r.http2_keepalive_interval
+            .map_or_else(|| "0".to_owned(), ms),
+        n.http2_keepalive_interval
+            .map_or_else(|| "0".to_owned(), ms),
     );
     let admin = |c: &Config| {
         c.admin
