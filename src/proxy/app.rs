@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
-use crate::access_log::{AccessLog, AccessLogError, AccessLogMetrics};
+use crate::access_log::{AccessLogError, AccessLogs};
 use crate::admin::Admin;
 use crate::admission::Admission;
 use crate::config::{Config, MarksSettings};
@@ -108,6 +108,7 @@ pub struct App {
     admission: Arc<Admission>,
     metrics: Metrics,
     reloader: Reloader,
+    access_logs: AccessLogs,
     limits: server::Limits,
     routes: usize,
 }
@@ -119,7 +120,7 @@ impl App {
     /// [`StartError`] when any of those fails; nothing is served then.
     pub async fn start(config: Config, listeners: Listeners) -> Result<Self, StartError> {
         let metrics = Metrics::new(prometheus::Registry::new())?;
-        let log_metrics = AccessLogMetrics::new(metrics.registry())?;
+        let access_logs = AccessLogs::new(metrics.registry())?;
         let store = open_store(&config).await?;
         let mut resources: Vec<&str> = config
             .routes
@@ -133,7 +134,7 @@ impl App {
         let access_log = config
             .access_log
             .as_ref()
-            .map(|s| AccessLog::open(s, &log_metrics))
+            .map(|s| access_logs.open(s))
             .transpose()?;
         let (proxy, _) = Proxy::build(&config, Arc::clone(&admission), &metrics, None, access_log);
         let current = Arc::new(ArcSwap::from_pointee(proxy));
@@ -154,7 +155,7 @@ impl App {
             config,
             Arc::clone(&admission),
             metrics.clone(),
-            log_metrics,
+            access_logs.clone(),
         )?;
         Ok(Self {
             listeners,
@@ -162,6 +163,7 @@ impl App {
             admission,
             metrics,
             reloader,
+            access_logs,
             limits,
             routes,
         })
@@ -181,6 +183,7 @@ impl App {
             admission,
             metrics,
             reloader,
+            access_logs,
             limits,
             routes,
         } = self;
@@ -238,6 +241,7 @@ impl App {
         if let Some(log) = current.load().access_log() {
             log.close().await;
         }
+        access_logs.wait_retired().await;
         tracing::info!("palisade stopped");
     }
 }

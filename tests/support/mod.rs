@@ -410,17 +410,26 @@ impl ProxyProcess {
     /// Waits (at most `limit`) for a JSON log line whose message is `message` and returns its
     /// fields; panics with the lines seen when it does not come.
     pub fn wait_log(&self, message: &str, limit: Duration) -> serde_json::Value {
+        self.wait_json(limit, |v| v["fields"]["message"] == message)["fields"].clone()
+    }
+
+    /// Waits (at most `limit`) for a JSON line on stderr that `wanted` accepts.
+    pub fn wait_json(
+        &self,
+        limit: Duration,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
         let deadline = std::time::Instant::now() + limit;
         let mut seen = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             let line = match self.logs.recv_timeout(left) {
                 Ok(l) => l,
-                Err(e) => panic!("no log line {message:?} ({e}); seen:\n{}", seen.join("\n")),
+                Err(e) => panic!("no such line on stderr ({e}); seen:\n{}", seen.join("\n")),
             };
             if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
-                if v["fields"]["message"] == message {
-                    return v["fields"].clone();
+                if wanted(&v) {
+                    return v;
                 }
             }
             seen.push(line);

@@ -28,19 +28,80 @@ use crate::config::{AccessLogSettings, AccessLogTarget};
 /// Counters of every access log of one process (registered once; a reload that changes the
 /// access log keeps counting in the same series).
 #[derive(Debug, Clone)]
-pub struct AccessLogMetrics {
+struct AccessLogMetrics {
     lines: IntCounter,
     dropped_full: IntCounter,
     dropped_write_error: IntCounter,
     write_errors: IntCounter,
 }
 
-impl AccessLogMetrics {
-    /// Registers the access log's families in `registry`.
+/// Writer threads of logs that are no longer in use, still flushing their last lines.
+type Retired = Arc<Mutex<Vec<JoinHandle<()>>>>;
+
+/// Every access log of one process: they share their metrics, and shutdown waits for the
+/// writers of logs that a reload replaced as well as the one in force.
+#[derive(Debug, Clone)]
+pub struct AccessLogs {
+    metrics: AccessLogMetrics,
+    retired: Retired,
+}
+
+impl AccessLogs {
+    /// Registers the access log's metric families in `registry`.
     ///
     /// # Errors
     /// Fails only if a family with one of these names is already registered there.
     pub fn new(registry: &Registry) -> prometheus::Result<Self> {
+        Ok(Self {
+            metrics: AccessLogMetrics::new(registry)?,
+            retired: Retired::default(),
+        })
+    }
+
+    /// Opens the target (a file is created if missing) and starts its writer thread.
+    ///
+    /// # Errors
+    /// [`AccessLogError`] when the file cannot be opened or the thread cannot start.
+    pub fn open(&self, settings: &AccessLogSettings) -> Result<Arc<AccessLog>, AccessLogError> {
+        let sink = Sink::open(&settings.target).map_err(|source| AccessLogError::Open {
+            path: match &settings.target {
+                AccessLogTarget::File(p) => p.clone(),
+                AccessLogTarget::Stderr => "-".into(),
+            },
+            source,
+        })?;
+        let shared = Arc::new(Shared::new(self.metrics.clone()));
+        let s = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name("palisade-access-log".to_owned())
+            .spawn(move || writer::run(&s, sink))
+            .map_err(AccessLogError::Spawn)?;
+        Ok(Arc::new(AccessLog {
+            settings: settings.clone(),
+            shared,
+            thread: Mutex::new(Some(thread)),
+            retired: Arc::clone(&self.retired),
+        }))
+    }
+
+    /// Waits until the writers of logs no longer in use have written their last lines.
+    pub async fn wait_retired(&self) {
+        let threads =
+            std::mem::take(&mut *self.retired.lock().unwrap_or_else(PoisonError::into_inner));
+        if threads.is_empty() {
+            return;
+        }
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+    }
+}
+
+impl AccessLogMetrics {
+    fn new(registry: &Registry) -> prometheus::Result<Self> {
         let lines = IntCounter::new(
             "palisade_access_log_lines_total",
             "Access log lines written.",
@@ -86,12 +147,13 @@ pub enum AccessLogError {
 }
 
 /// A running access log: the shared buffer and its writer thread. Dropping the last handle
-/// flushes what is buffered and stops the thread (without waiting); [`AccessLog::close`]
-/// does the same and waits.
+/// makes the thread write what is buffered and stop (without waiting for it);
+/// [`AccessLog::close`] does the same and waits.
 pub struct AccessLog {
     settings: AccessLogSettings,
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
+    retired: Retired,
 }
 
 impl std::fmt::Debug for AccessLog {
@@ -108,34 +170,6 @@ thread_local! {
 }
 
 impl AccessLog {
-    /// Opens the target (a file is created if missing) and starts the writer thread.
-    ///
-    /// # Errors
-    /// [`AccessLogError`] when the file cannot be opened or the thread cannot start.
-    pub fn open(
-        settings: &AccessLogSettings,
-        metrics: &AccessLogMetrics,
-    ) -> Result<Arc<Self>, AccessLogError> {
-        let sink = Sink::open(&settings.target).map_err(|source| AccessLogError::Open {
-            path: match &settings.target {
-                AccessLogTarget::File(p) => p.clone(),
-                AccessLogTarget::Stderr => "-".into(),
-            },
-            source,
-        })?;
-        let shared = Arc::new(Shared::new(metrics.clone()));
-        let s = Arc::clone(&shared);
-        let thread = std::thread::Builder::new()
-            .name("palisade-access-log".to_owned())
-            .spawn(move || writer::run(&s, sink))
-            .map_err(AccessLogError::Spawn)?;
-        Ok(Arc::new(Self {
-            settings: settings.clone(),
-            shared,
-            thread: Mutex::new(Some(thread)),
-        }))
-    }
-
     /// The settings it was opened with (a reload that keeps them keeps this log).
     pub fn settings(&self) -> &AccessLogSettings {
         &self.settings
@@ -179,5 +213,18 @@ impl AccessLog {
 impl Drop for AccessLog {
     fn drop(&mut self) {
         self.shared.close();
+        // Not joined here: the last handle may go with a request's task, which must not wait
+        // for a write. Shutdown waits for it ([`AccessLogs::wait_retired`]).
+        let thread = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(t) = thread {
+            self.retired
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(t);
+        }
     }
 }

@@ -192,3 +192,49 @@ pub(super) fn run(shared: &Shared, mut sink: Sink) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn metrics() -> AccessLogMetrics {
+        AccessLogMetrics::new(&prometheus::Registry::new()).unwrap()
+    }
+
+    #[test]
+    fn lines_past_the_bound_are_dropped_and_counted_never_queued() {
+        let m = metrics();
+        let shared = Shared::new(m.clone());
+        let line = [b'x'; 1000];
+        let fit = MAX_BUFFERED / line.len();
+        for _ in 0..fit + 10 {
+            shared.push(&line);
+        }
+        assert_eq!(m.dropped_full.get(), 10);
+        assert_eq!(shared.lock().buf.len(), fit * line.len());
+        assert_eq!(shared.lock().lines, fit as u64);
+    }
+
+    #[test]
+    fn the_writer_writes_every_line_in_order_and_stops_on_close() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.log");
+        let m = metrics();
+        let shared = Arc::new(Shared::new(m.clone()));
+        let sink = Sink::open(&AccessLogTarget::File(path.clone())).unwrap();
+        let s = Arc::clone(&shared);
+        let writer = std::thread::spawn(move || run(&s, sink));
+        for i in 0..10_000 {
+            shared.push(format!("line {i}\n").as_bytes());
+        }
+        shared.close();
+        writer.join().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let want: String = (0..10_000).map(|i| format!("line {i}\n")).collect();
+        assert!(text == want, "lines lost or out of order");
+        assert_eq!(m.lines.get(), 10_000);
+        assert_eq!(m.dropped_full.get(), 0);
+    }
+}

@@ -26,7 +26,7 @@ use prometheus::{IntCounter, IntCounterVec, Opts};
 
 pub use fixed::KeptKey;
 
-use crate::access_log::{AccessLog, AccessLogError, AccessLogMetrics};
+use crate::access_log::{AccessLogError, AccessLogs};
 use crate::admission::Admission;
 use crate::config::{Config, ConfigError};
 use crate::marks::StoreError;
@@ -76,7 +76,7 @@ struct Inner {
     config: tokio::sync::Mutex<Config>,
     admission: Arc<Admission>,
     metrics: Metrics,
-    log_metrics: AccessLogMetrics,
+    access_logs: AccessLogs,
     ok: IntCounter,
     error: IntCounter,
 }
@@ -97,7 +97,7 @@ impl Reloader {
         config: Config,
         admission: Arc<Admission>,
         metrics: Metrics,
-        log_metrics: AccessLogMetrics,
+        access_logs: AccessLogs,
     ) -> prometheus::Result<Self> {
         let reloads = IntCounterVec::new(
             Opts::new(
@@ -115,7 +115,7 @@ impl Reloader {
                 error: reloads.with_label_values(&["error"]),
                 admission,
                 metrics,
-                log_metrics,
+                access_logs,
             }),
         })
     }
@@ -172,7 +172,7 @@ impl Reloader {
             None => None,
             Some(s) => match previous.access_log().filter(|l| l.settings() == s) {
                 Some(same) => Some(Arc::clone(same)),
-                None => Some(AccessLog::open(s, &i.log_metrics)?),
+                None => Some(i.access_logs.open(s)?),
             },
         };
         let (proxy, carried) = Proxy::build(
