@@ -252,7 +252,7 @@ where
         let (want, line) = kind.expected(b);
         status == want && line.is_none_or(|l| body == l.as_bytes())
     };
-    let exact = (before == after && before % 2 == 0).then(|| before / 2 % 2 == 1);
+    let exact = (before == after && before.is_multiple_of(2)).then_some(before / 2 % 2 == 1);
     let ok = match exact {
         Some(b) => fits(b),
         None => fits(false) || fits(true),
@@ -395,7 +395,7 @@ async fn twenty_reloads_under_load_fail_no_request_drop_no_connection_and_keep_e
         c.await.unwrap();
     }
 
-    let t = tally.lock().unwrap();
+    let t = std::mem::take(&mut *tally.lock().unwrap());
     let total = t.exact[0] + t.exact[1] + t.overlapping;
     eprintln!(
         "{total} requests in {LOAD:?} over {RELOADS} reloads: {} checked against A, {} against B, \
