@@ -2,8 +2,8 @@
 //! `key=value` text, to stderr or to a file reopened on SIGUSR1 (for logrotate).
 //!
 //! Off unless configured. When on, a request formats its line into a buffer of its thread's
-//! own and appends it to the writer's shared buffer ([`writer`]): no allocation, no I/O and
-//! no waiting on the request path. What the writer could not keep up with is dropped and
+//! own and appends it to the writer's shared buffer (module `writer`): no allocation, no I/O
+//! and no waiting on the request path. What the writer could not keep up with is dropped and
 //! counted, never waited for.
 //!
 //! Metrics: `palisade_access_log_lines_total` (written),
