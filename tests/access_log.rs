@@ -4,11 +4,13 @@
 mod support;
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::Value;
 use support::{get, h2c_client, metric, post, send};
+use tokio::io::AsyncWriteExt;
 
 const CONFIG: &str = r#"
 [proxy]
@@ -333,4 +335,45 @@ async fn a_reload_turns_the_access_log_on_and_moves_it_without_losing_lines() {
         b[0].contains(" path=/reads/3 ") && b[1].contains(" path=/reads/4 "),
         "{b:#?}"
     );
+}
+
+/// An upstream that never answers, and says when a request reached it.
+async fn hanging_upstream() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let a = Arc::clone(&arrived);
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |_req, _peer| {
+            a.notify_one();
+            std::future::pending::<http::Response<http_body_util::Full<bytes::Bytes>>>()
+        },
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    (addr, arrived)
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, arrived) = hanging_upstream().await;
+    let proxy = support::proxy(&config("json", "access.log", addr), dir.path()).await;
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head =
+        "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ncontent-length: 0\r\n\r\n";
+    client.write_all(head.as_bytes()).await.unwrap();
+    arrived.notified().await; // admitted and forwarded
+    drop(client);
+    proxy.shutdown().await;
+    let got = lines(&dir.path().join("access.log"));
+    assert_eq!(got.len(), 1, "{got:#?}");
+    let v: Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(v["status"], 499);
+    assert_eq!(v["outcome"], "client_closed");
+    assert_eq!(v["route"], "orders-write");
+    assert_eq!(v["token"], 8);
+    assert_eq!(v["mark"], 8);
+    assert_eq!(v["upstream"], "legacy");
 }

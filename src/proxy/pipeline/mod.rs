@@ -8,6 +8,7 @@ mod affine;
 mod body;
 mod build;
 mod forward;
+mod note;
 mod refuse;
 mod request;
 mod rewrite;
@@ -31,10 +32,11 @@ pub use build::CarriedOver;
 
 use self::body::InflightGuard;
 use self::forward::{forward, Forwarded};
+use self::note::{Logged, Note};
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward};
 use self::upstream::Upstream;
-use crate::access_log::{AccessLog, Line};
+use crate::access_log::AccessLog;
 use crate::admission::{Admission, Resource};
 use crate::config::{GetBodies, RouteSettings};
 use crate::drain::Ticket;
@@ -65,22 +67,6 @@ struct Route {
     metrics: RouteMetrics,
     /// The `Allow` header of a 405 (`other_methods = "reject"`).
     allow: Option<HeaderValue>,
-}
-
-/// What became of a request, noted on the way for its access log line.
-#[derive(Default)]
-struct Note<'a> {
-    route: Option<&'a Route>,
-    outcome: Option<Outcome>,
-    token: Option<u64>,
-    upstream: Option<&'a str>,
-}
-
-impl<'a> Note<'a> {
-    fn set(&mut self, outcome: Outcome, token: Option<u64>) {
-        self.outcome = Some(outcome);
-        self.token = token;
-    }
 }
 
 /// Which route, if any, takes a request.
@@ -122,26 +108,11 @@ impl Proxy {
                 .serve(req, peer, affinity, started, &mut Note::default())
                 .await;
         };
-        // The request itself goes upstream: its line needs the method and the URI, whose
-        // clone shares the bytes hyper parsed (a reference count, no copy).
-        let method = req.method().clone();
-        let uri = req.uri().clone();
-        let mut note = Note::default();
-        let resp = self.serve(req, peer, affinity, started, &mut note).await;
-        let resource = note.route.and_then(|r| r.resource.as_deref());
-        log.record(&Line {
-            peer,
-            method: method.as_str(),
-            path: uri.path(),
-            route: note.route.map(|r| r.settings.name.as_str()),
-            resource: resource.map(Resource::name),
-            status: resp.status().as_u16(),
-            outcome: note.outcome.map_or("", Outcome::as_str),
-            token: note.token,
-            mark: resource.map(Resource::mark),
-            upstream: note.upstream,
-            latency: started.elapsed(),
-        });
+        let mut logged = Logged::new(log, &req, peer, started);
+        let resp = self
+            .serve(req, peer, affinity, started, &mut logged.note)
+            .await;
+        logged.answered(resp.status());
         resp
     }
 
@@ -267,6 +238,7 @@ impl Proxy {
 
         let upstream = &self.upstreams[route.settings.upstream];
         note.upstream = Some(&upstream.settings.name);
+        note.token = token;
         // The request body and the response each hold a half of the drain ticket: the exchange
         // counts as in flight until both are over.
         let (ticket, body_ticket) = match ticket.map(Ticket::split) {
