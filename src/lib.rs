@@ -21,9 +21,9 @@
 //!   drains ([`drain`]) and the bodies that carry them ([`flight`]), the table of refusals
 //!   ([`reject`]), [`metrics`], and the tower layer (`layer`, feature `layer`).
 //! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
-//!   changed: [`config`], request [`path`] and [`host`] normal forms, the request
-//!   [`pipeline`](proxy::pipeline), the accept loop ([`server`]), the [`admin`] endpoints, the
-//!   wiring ([`app`]), and the operator's commands: `palisade marks`
+//!   changed: [`config`] and its [`reload`], request [`path`] and [`host`] normal forms, the
+//!   request [`pipeline`](proxy::pipeline), the [`access_log`], the accept loop ([`server`]),
+//!   the [`admin`] endpoints, the wiring ([`app`]), and the operator's commands: `palisade marks`
 //!   ([`marks_cli`](proxy::marks_cli)) and, with `etcd`, `palisade lock|elect NAME -- CMD`
 //!   (`proxy::hold_cli`), which runs a command while holding a lock or leading, with its
 //!   token in the command's environment.
@@ -59,12 +59,12 @@ pub use fence::layer;
 #[cfg(feature = "fence")]
 pub use fence::{admission, confirm, drain, flight, guard, marks, metrics, reject};
 #[cfg(feature = "proxy")]
-pub use proxy::{admin, app, config, host, path, server};
+pub use proxy::{access_log, admin, app, config, host, path, reload, server};
 
 #[cfg(feature = "fence")]
 pub use admission::Admission;
 #[cfg(feature = "proxy")]
-pub use app::{run, Listeners};
+pub use app::{run, App, Listeners};
 #[cfg(feature = "proxy")]
 pub use config::Config;
 pub use election::{ElectionService, LeaderKey, Leadership, Observation, Term};

@@ -1,6 +1,7 @@
 //! `palisade`: the fencing reverse proxy.
 //!
-//! `palisade run --config FILE` serves until SIGTERM/SIGINT; `palisade check --config FILE`
+//! `palisade run --config FILE` serves until SIGTERM/SIGINT, reloads its configuration on
+//! SIGHUP and reopens its access log file on SIGUSR1; `palisade check --config FILE`
 //! validates a configuration and exits 2 on the first error; `palisade marks list|set` shows
 //! and repairs stored marks (see `palisade::marks::cli`); with the `etcd` feature,
 //! `palisade lock|elect NAME -- CMD...` runs a command while holding a lock or leading an
@@ -44,7 +45,8 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the proxy until SIGTERM or SIGINT.
+    /// Run the proxy until SIGTERM or SIGINT (SIGHUP reloads the configuration, SIGUSR1
+    /// reopens the access log file).
     Run {
         /// The TOML configuration file.
         #[arg(long, short)]
@@ -152,13 +154,25 @@ fn main() -> ExitCode {
                         return ExitCode::from(EXIT_RUNTIME);
                     }
                 };
-                match palisade::run(config, listeners, shutdown_signal()).await {
-                    Ok(()) => ExitCode::SUCCESS,
+                let app = match palisade::App::start(config, listeners).await {
+                    Ok(app) => app,
                     Err(e) => {
                         eprintln!("error: {e}");
-                        ExitCode::from(EXIT_RUNTIME)
+                        return ExitCode::from(EXIT_RUNTIME);
                     }
-                }
+                };
+                // Before the listening line: a SIGHUP sent once palisade says it listens must
+                // find the handler in place (the default action would end the process).
+                let signals = match reload_on_signals(app.reloader()) {
+                    Ok(task) => task,
+                    Err(e) => {
+                        eprintln!("error: cannot listen for SIGHUP/SIGUSR1: {e}");
+                        return ExitCode::from(EXIT_RUNTIME);
+                    }
+                };
+                app.serve(shutdown_signal()).await;
+                signals.abort();
+                ExitCode::SUCCESS
             })
         }
     }
@@ -228,6 +242,32 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// SIGHUP reloads the configuration (the outcome is logged by the reloader), SIGUSR1
+/// reopens the access log file (after logrotate renamed it).
+fn reload_on_signals(
+    reloader: palisade::reload::Reloader,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut usr1 = signal(SignalKind::user_defined1())?;
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                Some(()) = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    let _ = reloader.reload().await;
+                }
+                Some(()) = usr1.recv() => {
+                    if !reloader.reopen_access_log() {
+                        tracing::info!("SIGUSR1: no access log to reopen");
+                    }
+                }
+                else => return,
+            }
+        }
+    }))
 }
 
 async fn shutdown_signal() {

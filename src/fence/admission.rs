@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 mod advance;
+mod open;
 
 use self::advance::{advance, learn};
 use crate::confirm::Coalescer;
@@ -200,27 +201,6 @@ impl Admission {
     /// The resource named `name`, if it is known (configured, or opened since).
     pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
         read(&self.resources).get(name).cloned()
-    }
-
-    /// The resource named `name`, loading its mark from the store the first time it is asked
-    /// for (resources chosen per request by a guard layer, routes added by a reload).
-    ///
-    /// # Errors
-    /// The store's error when the mark cannot be loaded: the resource is not guarded on a
-    /// guess.
-    pub async fn resource_or_open(&self, name: &str) -> Result<Arc<Resource>, StoreError> {
-        if let Some(r) = self.resource(name) {
-            return Ok(r);
-        }
-        let initial = match self.store.consistency() {
-            Consistency::Local => self.store.load().await?.get(name).copied().unwrap_or(0),
-            _ => self.store.confirm(name).await?,
-        };
-        let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
-        // Another request may have opened it meanwhile: keep the first.
-        Ok(Arc::clone(map.entry(name.to_owned()).or_insert_with(
-            || Resource::new(name, initial, &self.metrics),
-        )))
     }
 
     /// Current marks of every known resource.

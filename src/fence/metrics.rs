@@ -337,6 +337,12 @@ impl Metrics {
         }
     }
 
+    /// The registry every family is registered in, for the proxy's own families (config
+    /// reloads, the access log) that the resource's shared side knows nothing about.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     /// The Prometheus text exposition of every registered family.
     pub fn render(&self) -> String {
         let mut out = String::new();

@@ -1,6 +1,7 @@
-//! The admin listener: `/metrics`, `/livez`, `/readyz`, `/marks`.
+//! The admin listener: `GET /metrics`, `/livez`, `/readyz`, `/marks`, and `POST /reload`.
 //!
-//! Kept off the data path's listener so it can bind to loopback while the proxy faces clients.
+//! Kept off the data path's listener so it can bind to loopback while the proxy faces clients
+//! (it binds `127.0.0.1` by default): whoever reaches it can reload the configuration.
 
 use std::sync::Arc;
 
@@ -10,22 +11,38 @@ use http_body_util::Full;
 
 use crate::admission::Admission;
 use crate::metrics::Metrics;
+use crate::reload::{ReloadError, Reloader};
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
 pub struct Admin {
     admission: Arc<Admission>,
     metrics: Metrics,
+    reloader: Option<Reloader>,
 }
 
 impl Admin {
     /// An admin view of `admission` and `metrics`.
     pub fn new(admission: Arc<Admission>, metrics: Metrics) -> Self {
-        Self { admission, metrics }
+        Self {
+            admission,
+            metrics,
+            reloader: None,
+        }
+    }
+
+    /// Serves `POST /reload` with `reloader`.
+    #[must_use]
+    pub fn with_reloader(mut self, reloader: Reloader) -> Self {
+        self.reloader = Some(reloader);
+        self
     }
 
     /// Answers one admin request.
     pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+        if req.uri().path() == "/reload" {
+            return self.reload(req.method()).await;
+        }
         if req.method() != Method::GET && req.method() != Method::HEAD {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
         }
@@ -58,8 +75,48 @@ impl Admin {
             }
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /metrics, /livez, /readyz or /marks\n",
+                "not found: try /metrics, /livez, /readyz, /marks or POST /reload\n",
             ),
+        }
+    }
+
+    /// `POST /reload`: what SIGHUP does, with the outcome in the answer: 200 and a summary,
+    /// 400 for an invalid file (the error names file:line:column), 503 when the marks of new
+    /// resources cannot be loaded, 500 otherwise. Nothing changes unless it answers 200.
+    async fn reload(&self, method: &Method) -> Response<Full<Bytes>> {
+        if method != Method::POST {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "only POST\n");
+            r.headers_mut()
+                .insert(header::ALLOW, HeaderValue::from_static("POST"));
+            return r;
+        }
+        let Some(reloader) = &self.reloader else {
+            return text(StatusCode::NOT_FOUND, "reload is not available here\n");
+        };
+        match reloader.reload().await {
+            Ok(r) => {
+                let mut body = format!(
+                    "reloaded: {} routes, {} upstreams kept, {} new; new resources: {:?}\n",
+                    r.routes, r.carried.upstreams_kept, r.carried.upstreams_new, r.new_resources
+                );
+                for k in &r.kept {
+                    body.push_str(&format!("warning: {k}\n"));
+                }
+                text(StatusCode::OK, body)
+            }
+            Err(e) => {
+                let status = match e {
+                    ReloadError::Config(_) => StatusCode::BAD_REQUEST,
+                    ReloadError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    ReloadError::AccessLog(_) | ReloadError::TaskLost(_) => {
+                        StatusCode::INTERNAL_SERVER_ERROR
+                    }
+                };
+                text(
+                    status,
+                    format!("reload failed, the previous configuration stays: {e}\n"),
+                )
+            }
         }
     }
 }

@@ -1,16 +1,20 @@
-//! Wiring: config -> mark store -> admission -> proxy and admin servers.
+//! Wiring: config -> mark store -> admission -> proxy and admin servers, and the
+//! [`Reloader`] that swaps in a new configuration while they serve.
 
 use std::future::Future;
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
+use crate::access_log::{AccessLogError, AccessLogs};
 use crate::admin::Admin;
 use crate::admission::Admission;
 use crate::config::{Config, MarksSettings};
 use crate::marks::{FileStore, MarkStore, MemoryStore, StoreError};
 use crate::metrics::Metrics;
 use crate::proxy::{Affinity, Proxy};
+use crate::reload::Reloader;
 use crate::server;
 
 /// Listeners for [`run`], bound by the caller (tests bind port 0).
@@ -67,6 +71,9 @@ pub enum StartError {
     /// Metric registration failed.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The access log could not be opened.
+    #[error(transparent)]
+    AccessLog(#[from] AccessLogError),
 }
 
 /// Opens the mark store `config` asks for.
@@ -91,8 +98,163 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn MarkStore>, StoreErro
     })
 }
 
+/// palisade started on its listeners, not serving yet: the mark store is open, the marks
+/// are loaded and the first configuration is built. [`App::reloader`] hands out what
+/// reloads it (SIGHUP in the binary, `POST /reload`, tests); [`App::serve`] serves.
+#[derive(Debug)]
+pub struct App {
+    listeners: Listeners,
+    current: Arc<ArcSwap<Proxy>>,
+    admission: Arc<Admission>,
+    metrics: Metrics,
+    reloader: Reloader,
+    access_logs: AccessLogs,
+    limits: server::Limits,
+    routes: usize,
+}
+
+impl App {
+    /// Opens the store, loads the marks, opens the access log and builds the proxy.
+    ///
+    /// # Errors
+    /// [`StartError`] when any of those fails; nothing is served then.
+    pub async fn start(config: Config, listeners: Listeners) -> Result<Self, StartError> {
+        let metrics = Metrics::new(prometheus::Registry::new())?;
+        let access_logs = AccessLogs::new(metrics.registry())?;
+        let store = open_store(&config).await?;
+        let mut resources: Vec<&str> = config
+            .routes
+            .iter()
+            .filter(|r| r.guard)
+            .map(|r| r.resource.as_str())
+            .collect();
+        resources.sort_unstable();
+        resources.dedup();
+        let admission = Arc::new(Admission::open(store, resources, &metrics).await?);
+        let access_log = config
+            .access_log
+            .as_ref()
+            .map(|s| access_logs.open(s))
+            .transpose()?;
+        let (proxy, _) = Proxy::build(&config, Arc::clone(&admission), &metrics, None, access_log);
+        let current = Arc::new(ArcSwap::from_pointee(proxy));
+        for w in &config.warnings {
+            tracing::warn!("config: {w}");
+        }
+        let p = &config.proxy;
+        let limits = server::Limits {
+            max_connections: p.max_connections,
+            header_read_timeout: p.header_read_timeout,
+            idle_timeout: p.idle_timeout,
+            http2_keepalive_interval: p.http2_keepalive_interval,
+            grace: p.shutdown_grace,
+            max_header_bytes: p.max_header_bytes,
+            tls: p
+                .tls
+                .as_ref()
+                .map(|t| Arc::new(ArcSwap::new(Arc::clone(&t.server)))),
+        };
+        let routes = config.routes.len();
+        let reloader = Reloader::new(
+            Arc::clone(&current),
+            config,
+            Arc::clone(&admission),
+            metrics.clone(),
+            access_logs.clone(),
+            limits.tls.clone(),
+        )?;
+        Ok(Self {
+            listeners,
+            current,
+            admission,
+            metrics,
+            reloader,
+            access_logs,
+            limits,
+            routes,
+        })
+    }
+
+    /// What reloads this palisade's configuration (and reopens its access log).
+    pub fn reloader(&self) -> Reloader {
+        self.reloader.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains in-flight requests for at most
+    /// `proxy.shutdown_grace_ms` and flushes the access log.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let Self {
+            listeners,
+            current,
+            admission,
+            metrics,
+            reloader,
+            access_logs,
+            limits,
+            routes,
+        } = self;
+        // The admin listener is for operators and scrapers: a few connections are plenty, and
+        // its own budget means a flood of connections on the data path does not lock
+        // operators out (both still share the process's file descriptors).
+        let admin_limits = server::Limits {
+            max_connections: 64,
+            tls: None,
+            ..limits.clone()
+        };
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
+        let admin_task = listeners.admin.map(|listener| {
+            let admin = Admin::new(Arc::clone(&admission), metrics.clone()).with_reloader(reloader);
+            let mut stop = stop_rx.clone();
+            tracing::info!(addr = %display_addr(&listener), "admin listening");
+            tokio::spawn(server::serve_with(
+                listener,
+                move |req, _peer: server::Peer, _: &Arc<()>| {
+                    let admin = admin.clone();
+                    async move { admin.handle(req).await }
+                },
+                async move {
+                    let _ = stop.changed().await;
+                },
+                admin_limits,
+                Some(metrics.connections("admin")),
+            ))
+        });
+        tracing::info!(
+            addr = %display_addr(&listeners.proxy),
+            routes,
+            store = admission.store().kind(),
+            marks = ?admission.marks(),
+            "palisade listening"
+        );
+        let serving = Arc::clone(&current);
+        server::serve_with(
+            listeners.proxy,
+            move |req, peer: server::Peer, affinity: &Arc<Affinity>| {
+                // The one load per request: the request keeps this configuration to its end,
+                // whatever a reload swaps in meanwhile.
+                let proxy = serving.load_full();
+                let affinity = Arc::clone(affinity);
+                async move { proxy.handle(req, peer, &affinity).await }
+            },
+            shutdown,
+            limits,
+            Some(metrics.connections("proxy")),
+        )
+        .await;
+        drop(stop_tx);
+        if let Some(t) = admin_task {
+            let _ = t.await;
+        }
+        if let Some(log) = current.load().access_log() {
+            log.close().await;
+        }
+        access_logs.wait_retired().await;
+        tracing::info!("palisade stopped");
+    }
+}
+
 /// Runs palisade on `listeners` until `shutdown` resolves, then drains in-flight requests for
-/// at most `proxy.shutdown_grace_ms`.
+/// at most `proxy.shutdown_grace_ms` ([`App::start`], then [`App::serve`]).
 ///
 /// # Errors
 /// [`StartError`] before anything is served; once serving, it only returns at shutdown.
@@ -101,86 +263,7 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
-    let metrics = Metrics::new(prometheus::Registry::new())?;
-    let store = open_store(&config).await?;
-    let mut resources: Vec<&str> = config
-        .routes
-        .iter()
-        .filter(|r| r.guard)
-        .map(|r| r.resource.as_str())
-        .collect();
-    resources.sort_unstable();
-    resources.dedup();
-    let admission = Arc::new(Admission::open(store, resources, &metrics).await?);
-    let proxy = Arc::new(Proxy::new(&config, Arc::clone(&admission), &metrics));
-    let grace = config.proxy.shutdown_grace;
-    for w in &config.warnings {
-        tracing::warn!("config: {w}");
-    }
-    let p = &config.proxy;
-    let limits = server::Limits {
-        max_connections: p.max_connections,
-        header_read_timeout: p.header_read_timeout,
-        idle_timeout: p.idle_timeout,
-        http2_keepalive_interval: p.http2_keepalive_interval,
-        grace,
-        max_header_bytes: p.max_header_bytes,
-        tls: p
-            .tls
-            .as_ref()
-            .map(|t| Arc::new(arc_swap::ArcSwap::new(Arc::clone(&t.server)))),
-    };
-    // The admin listener is for operators and scrapers: a few connections are plenty, and its
-    // own budget means a flood of connections on the data path does not lock operators out
-    // (both still share the process's file descriptors).
-    let admin_limits = server::Limits {
-        max_connections: 64,
-        tls: None,
-        ..limits.clone()
-    };
-
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
-    let admin_task = listeners.admin.map(|listener| {
-        let admin = Admin::new(Arc::clone(&admission), metrics.clone());
-        let mut stop = stop_rx.clone();
-        tracing::info!(addr = %display_addr(&listener), "admin listening");
-        tokio::spawn(server::serve_with(
-            listener,
-            move |req, _peer: server::Peer, _: &Arc<()>| {
-                let admin = admin.clone();
-                async move { admin.handle(req).await }
-            },
-            async move {
-                let _ = stop.changed().await;
-            },
-            admin_limits,
-            Some(metrics.connections("admin")),
-        ))
-    });
-    tracing::info!(
-        addr = %display_addr(&listeners.proxy),
-        routes = config.routes.len(),
-        store = admission.store().kind(),
-        marks = ?admission.marks(),
-        "palisade listening"
-    );
-    server::serve_with(
-        listeners.proxy,
-        move |req, peer: server::Peer, affinity: &Arc<Affinity>| {
-            let proxy = Arc::clone(&proxy);
-            let affinity = Arc::clone(affinity);
-            async move { proxy.handle(req, peer, &affinity).await }
-        },
-        shutdown,
-        limits,
-        Some(metrics.connections("proxy")),
-    )
-    .await;
-    drop(stop_tx);
-    if let Some(t) = admin_task {
-        let _ = t.await;
-    }
-    tracing::info!("palisade stopped");
+    App::start(config, listeners).await?.serve(shutdown).await;
     Ok(())
 }
 

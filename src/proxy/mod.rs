@@ -1,7 +1,9 @@
-//! The `palisade` reverse proxy (feature `proxy`, on by default): configuration, the request
-//! pipeline in front of an unmodified upstream, the accept loop, the admin endpoints and the
-//! operator's `palisade marks` commands, and (with `etcd`) `palisade lock|elect -- CMD`.
+//! The `palisade` reverse proxy (feature `proxy`, on by default): configuration and its
+//! reload, the request pipeline in front of an unmodified upstream, the access log, the
+//! accept loop, the admin endpoints and the operator's `palisade marks` commands, and (with
+//! `etcd`) `palisade lock|elect -- CMD`.
 
+pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod config;
@@ -11,6 +13,7 @@ pub mod host;
 pub mod marks_cli;
 pub mod path;
 pub mod pipeline;
+pub mod reload;
 pub mod server;
 
 pub use pipeline::{Aborted, Affinity, BodyError, Proxy, ProxyBody, RequestBody, Tracked};

@@ -180,8 +180,10 @@ pub fn render(template: &str, upstream: SocketAddr, marks: &Path) -> String {
 pub struct Proxy {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
+    /// Reloads its configuration from the file it names, as SIGHUP does.
+    pub reloader: palisade::reload::Reloader,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<tokio::task::JoinHandle<Result<(), palisade::app::StartError>>>,
+    task: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Proxy {
@@ -189,10 +191,10 @@ impl Proxy {
         format!("http://{}{path}", self.addr)
     }
 
-    /// Signals shutdown and waits for the drain to finish.
+    /// Signals shutdown and waits for the drain to finish (and the access log's last write).
     pub async fn shutdown(mut self) {
         let _ = self.stop.take().unwrap().send(());
-        self.task.take().unwrap().await.unwrap().unwrap();
+        self.task.take().unwrap().await.unwrap();
     }
 
     pub async fn metrics(&self) -> String {
@@ -209,7 +211,16 @@ impl Proxy {
 /// Starts palisade in this task's runtime with `config_text` (listen addresses are ignored:
 /// both listeners bind port 0). `dir` is where the config pretends to live.
 pub async fn proxy(config_text: &str, dir: &Path) -> Proxy {
-    let config = Config::parse(config_text, &dir.join("palisade.toml")).unwrap();
+    start(Config::parse(config_text, &dir.join("palisade.toml")).unwrap()).await
+}
+
+/// Starts palisade in this task's runtime with the configuration file at `path` (listen
+/// addresses are ignored: both listeners bind port 0); its reloader re-reads that file.
+pub async fn proxy_file(path: &Path) -> Proxy {
+    start(Config::load(path).unwrap()).await
+}
+
+async fn start(config: Config) -> Proxy {
     let listeners = Listeners {
         proxy: TcpListener::bind("127.0.0.1:0").await.unwrap(),
         admin: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
@@ -217,12 +228,17 @@ pub async fn proxy(config_text: &str, dir: &Path) -> Proxy {
     let addr = listeners.proxy.local_addr().unwrap();
     let admin = listeners.admin.as_ref().unwrap().local_addr().unwrap();
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(palisade::run(config, listeners, async move {
+    let app = palisade::App::start(config, listeners)
+        .await
+        .unwrap_or_else(|e| panic!("palisade did not start: {e}"));
+    let reloader = app.reloader();
+    let task = tokio::spawn(app.serve(async move {
         let _ = stopped.await;
     }));
     Proxy {
         addr,
         admin,
+        reloader,
         stop: Some(stop),
         task: Some(task),
     }
@@ -319,6 +335,8 @@ pub struct ProxyProcess {
     pub child: Child,
     pub addr: SocketAddr,
     pub admin: Option<SocketAddr>,
+    /// Its stderr lines (JSON logs) after the listening line, as they come.
+    pub logs: std::sync::mpsc::Receiver<String>,
 }
 
 /// Starts `palisade run --config <path>` and waits until it reports its listening address.
@@ -358,9 +376,20 @@ fn spawn_command(mut cmd: Command) -> Result<ProxyProcess, (Option<i32>, String)
             Some("admin listening") => admin = fields["addr"].as_str().and_then(|a| a.parse().ok()),
             Some("palisade listening") => {
                 let addr = fields["addr"].as_str().unwrap().parse().unwrap();
-                // Keep draining stderr so the child never blocks on a full pipe.
-                std::thread::spawn(move || for _ in lines {});
-                return Ok(ProxyProcess { child, addr, admin });
+                // Keep draining stderr so the child never blocks on a full pipe; lines go to
+                // `logs` for tests that wait for one (nobody reading them is fine).
+                let (tx, logs) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    for line in lines.map_while(Result::ok) {
+                        let _ = tx.send(line);
+                    }
+                });
+                return Ok(ProxyProcess {
+                    child,
+                    addr,
+                    admin,
+                    logs,
+                });
             }
             _ => {}
         }
@@ -368,6 +397,45 @@ fn spawn_command(mut cmd: Command) -> Result<ProxyProcess, (Option<i32>, String)
 }
 
 impl ProxyProcess {
+    /// Sends `signal` (e.g. `"HUP"`, `"USR1"`, `"TERM"`) with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// Waits (at most `limit`) for a JSON log line whose message is `message` and returns its
+    /// fields; panics with the lines seen when it does not come.
+    pub fn wait_log(&self, message: &str, limit: Duration) -> serde_json::Value {
+        self.wait_json(limit, |v| v["fields"]["message"] == message)["fields"].clone()
+    }
+
+    /// Waits (at most `limit`) for a JSON line on stderr that `wanted` accepts.
+    pub fn wait_json(
+        &self,
+        limit: Duration,
+        wanted: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + limit;
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = match self.logs.recv_timeout(left) {
+                Ok(l) => l,
+                Err(e) => panic!("no such line on stderr ({e}); seen:\n{}", seen.join("\n")),
+            };
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) {
+                if wanted(&v) {
+                    return v;
+                }
+            }
+            seen.push(line);
+        }
+    }
+
     pub fn kill9(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();

@@ -110,3 +110,44 @@ fn concurrent_admissions_never_admit_below_an_earlier_admission() {
         );
     });
 }
+
+/// What a reload relies on: a name new to the configuration starts from the store's mark, a
+/// known one keeps its very `Resource` (mark, advance lock, requests in flight), and nothing
+/// is reset, even while an advance of a known resource is in progress.
+#[tokio::test]
+async fn open_resources_loads_new_marks_and_never_replaces_a_known_resource() {
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let store = Arc::new(MemoryStore::with_marks(
+        [("orders".to_owned(), 34), ("fresh".to_owned(), 100)].into(),
+    ));
+    let adm = Admission::open(store.clone(), ["orders"], &metrics)
+        .await
+        .unwrap();
+    let orders = adm.resource("orders").unwrap();
+    assert!(adm.resource("fresh").is_none(), "not configured yet");
+    // An advance of a known resource, in flight while the new names are opened.
+    let (admitted, opened) = tokio::join!(
+        adm.admit(&orders, t(51), D),
+        adm.open_resources(["orders", "fresh", "fresh", "empty"])
+    );
+    assert_eq!(admitted.unwrap().0, Admitted::Advanced { from: 34 });
+    assert_eq!(opened.unwrap(), ["empty", "fresh"], "only the new names");
+    assert!(Arc::ptr_eq(&orders, &adm.resource("orders").unwrap()));
+    assert_eq!(orders.mark(), 51, "the advance stands");
+    assert_eq!(adm.resource("fresh").unwrap().mark(), 100, "from the store");
+    assert_eq!(
+        adm.resource("empty").unwrap().mark(),
+        0,
+        "nothing stored yet"
+    );
+    assert!(matches!(
+        adm.admit(&adm.resource("fresh").unwrap(), t(99), D).await,
+        Err(Refused::Stale { mark: 100, .. })
+    ));
+    assert!(adm
+        .open_resources(["fresh", "orders"])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(adm.resource("fresh").unwrap().mark(), 100);
+}

@@ -18,6 +18,7 @@ use toml::Spanned;
 
 use crate::path;
 
+mod access_log;
 mod error;
 mod etcd;
 mod raw;
@@ -27,6 +28,7 @@ mod validate;
 mod warnings;
 
 pub use crate::marks::settings::{EtcdSettings, EtcdTls, Password};
+pub use access_log::{AccessLogFormat, AccessLogSettings, AccessLogTarget};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
@@ -45,6 +47,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
     pub routes: Vec<RouteSettings>,
+    /// `[access_log]`; `None` (no table) = no access log.
+    pub access_log: Option<AccessLogSettings>,
     /// Valid but risky choices, each naming its place in the file (see [`ConfigWarning`]).
     pub warnings: Vec<ConfigWarning>,
 }
@@ -157,8 +161,8 @@ impl Protocol {
 pub use error::ConfigError;
 pub use tls::TlsSettings;
 
-/// `[[upstream]]`.
-#[derive(Debug, Clone)]
+/// `[[upstream]]`. Equal settings mean an unchanged upstream: a reload keeps its connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamSettings {
     /// `name`, referenced by routes.
     pub name: String,
@@ -191,7 +195,7 @@ pub struct UpstreamSettings {
 /// An active health check: every `interval`, `GET path` on each address (HTTP/1.1); an address
 /// that does not answer 2xx or 3xx within `connect_timeout` plus `interval` is down until it
 /// does again.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthCheck {
     /// `health_check_path`, origin-form (`/healthz`).
     pub path: String,

@@ -15,6 +15,7 @@ pub(super) struct File {
     pub(super) upstream: Vec<Upstream>,
     #[serde(default)]
     pub(super) route: Vec<Route>,
+    pub(super) access_log: Option<super::access_log::Raw>,
 }
 
 #[derive(Deserialize)]

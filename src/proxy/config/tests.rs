@@ -150,3 +150,40 @@ fn exact_paths_match_with_trailing_slash_or_format_suffix() {
     assert!(m.matches("/exact") && m.matches("/exact/") && m.matches("/exact.json"));
     assert!(!m.matches("/exactly") && !m.matches("/exact/x") && !m.matches("/exact.d/x"));
 }
+
+#[test]
+fn access_log_is_off_by_default_and_validated() {
+    assert_eq!(
+        Config::parse(BASE, Path::new("p.toml")).unwrap().access_log,
+        None
+    );
+    let on = |table: &str| format!("{BASE}\n[access_log]\n{table}");
+    let c = Config::parse(&on(""), Path::new("conf/p.toml")).unwrap();
+    assert_eq!(
+        c.access_log,
+        Some(AccessLogSettings {
+            format: AccessLogFormat::Json,
+            target: AccessLogTarget::Stderr
+        })
+    );
+    let c = Config::parse(
+        &on("format = \"text\"\npath = \"logs/access.log\""),
+        Path::new("conf/p.toml"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.access_log,
+        Some(AccessLogSettings {
+            format: AccessLogFormat::Text,
+            target: AccessLogTarget::File(PathBuf::from("conf/logs/access.log"))
+        })
+    );
+    let (line, col, key, msg) = err(&on("format = \"xml\""));
+    assert_eq!((line, col, key.as_str()), (16, 10, "access_log.format"));
+    assert!(msg.contains("json") && msg.contains("text"), "{msg}");
+    let (line, col, key, msg) = err(&on("path = \"-\"\nrotate = true"));
+    assert_eq!((line, col, key.as_str()), (17, 1, "access_log.rotate"));
+    assert!(msg.contains("unknown field"), "{msg}");
+    let (line, col, key, _) = err(&on("path = \"\""));
+    assert_eq!((line, col, key.as_str()), (16, 8, "access_log.path"));
+}

@@ -46,8 +46,12 @@ impl Validator<'_> {
                 routes.push(route);
             }
         }
-        let (Some(proxy), Some(admin), Some(header), Some(marks), true) =
-            (proxy, admin, header, marks, errors.is_empty())
+        let access_log = keep(
+            &mut errors,
+            raw.access_log.map(|a| self.access_log(a)).transpose(),
+        );
+        let (Some(proxy), Some(admin), Some(header), Some(marks), Some(access_log), true) =
+            (proxy, admin, header, marks, access_log, errors.is_empty())
         else {
             return Err(ConfigError::collected(errors));
         };
@@ -60,6 +64,7 @@ impl Validator<'_> {
             marks,
             upstreams,
             routes,
+            access_log,
             warnings,
         })
     }

@@ -6,8 +6,10 @@
 
 mod affine;
 mod body;
+mod build;
 mod dial;
 mod forward;
+mod note;
 mod refuse;
 mod request;
 mod rewrite;
@@ -22,38 +24,44 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 pub use crate::flight::{Aborted, BodyError};
 pub use affine::Affinity;
 pub use body::{RequestBody, Tracked};
+pub use build::CarriedOver;
 
 use self::body::{BodyLimit, InflightGuard};
 use self::forward::{forward, Forwarded};
+use self::note::{Logged, Note};
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward};
 use self::upstream::Upstream;
+use crate::access_log::AccessLog;
 use crate::admission::{Admission, Resource};
-use crate::config::{Config, GetBodies, RouteSettings};
+use crate::config::{GetBodies, RouteSettings};
 use crate::drain::Ticket;
-use crate::metrics::{Metrics, Outcome, Outcomes, RouteMetrics};
+use crate::metrics::{Outcome, Outcomes, RouteMetrics};
 use crate::path::{self, PathError};
 use crate::reject::{Context, Rejection};
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub type ProxyBody = Either<Tracked, Full<Bytes>>;
 
-/// The reverse proxy's shared state: routes, upstream clients and admission.
+/// The reverse proxy's state for one configuration: routes, upstream clients, admission and
+/// the access log. A reload builds a new one ([`Proxy::build`]); a request keeps the one it
+/// started with until it is over.
 pub struct Proxy {
     routes: Vec<Route>,
-    upstreams: Vec<Upstream>,
+    upstreams: Vec<Arc<Upstream>>,
     header: HeaderName,
     require_nfkc_paths: bool,
     admission: Arc<Admission>,
     // Requests that never matched a route count under route="".
     unrouted: Outcomes,
+    access_log: Option<Arc<AccessLog>>,
 }
 
 struct Route {
@@ -89,49 +97,38 @@ impl std::fmt::Debug for Proxy {
 }
 
 impl Proxy {
-    /// Builds the proxy for `config`. Every guarded route's resource must be in `admission`.
-    ///
-    /// # Panics
-    /// If a guarded route's resource is missing from `admission` (a wiring bug, not bad input).
-    pub fn new(config: &Config, admission: Arc<Admission>, metrics: &Metrics) -> Self {
-        let upstreams = config.upstreams.iter().map(Upstream::new).collect();
-        let routes = config
-            .routes
-            .iter()
-            .map(|r| Route {
-                settings: r.clone(),
-                resource: r.guard.then(|| {
-                    admission
-                        .resource(&r.resource)
-                        .expect("every guarded resource is loaded")
-                }),
-                metrics: metrics.route(&r.name, r.guard.then_some(r.resource.as_str())),
-                allow: r.methods.as_ref().and_then(|ms| {
-                    let list: Vec<&str> = ms.iter().map(Method::as_str).collect();
-                    HeaderValue::from_str(&list.join(", ")).ok()
-                }),
-            })
-            .collect();
-        Self {
-            routes,
-            upstreams,
-            header: config.fencing.header.clone(),
-            require_nfkc_paths: config.proxy.require_nfkc_paths,
-            admission,
-            unrouted: metrics.outcomes(""),
-        }
-    }
-
     /// Handles one request from `peer`. Never fails: refusals are responses.
     /// `affinity` is the client connection's own: its upstream connection between requests.
     pub async fn handle(
         &self,
-        mut req: Request<Incoming>,
+        req: Request<Incoming>,
         client: crate::server::Peer,
         affinity: &Arc<Affinity>,
     ) -> Response<ProxyBody> {
-        let peer = client.addr;
         let started = Instant::now();
+        let Some(log) = &self.access_log else {
+            return self
+                .serve(req, client, affinity, started, &mut Note::default())
+                .await;
+        };
+        let mut logged = Logged::new(log, &req, client.addr, started);
+        let resp = self
+            .serve(req, client, affinity, started, &mut logged.note)
+            .await;
+        logged.answered(resp.status());
+        resp
+    }
+
+    /// [`Proxy::handle`], noting what it decided in `note`.
+    async fn serve<'a>(
+        &'a self,
+        mut req: Request<Incoming>,
+        client: crate::server::Peer,
+        affinity: &Arc<Affinity>,
+        started: Instant,
+        note: &mut Note<'a>,
+    ) -> Response<ProxyBody> {
+        let peer = client.addr;
         let grpc = grpc_content_type(req.headers());
 
         let normalized = match path::normalize(req.uri().path()) {
@@ -147,6 +144,7 @@ impl Proxy {
                     grpc,
                     peer,
                     &req,
+                    note,
                 )
             }
         };
@@ -159,6 +157,7 @@ impl Proxy {
                     grpc,
                     peer,
                     &req,
+                    note,
                 )
             }
         };
@@ -166,14 +165,15 @@ impl Proxy {
             Routed::To(r) => r,
             Routed::MethodNotAllowed(r) => {
                 let allow = r.allow.clone();
+                note.route = Some(r);
                 let mut resp = self.refuse(
                     r,
                     Rejection::MethodNotAllowed,
-                    Outcome::MethodNotAllowed,
-                    None,
+                    (Outcome::MethodNotAllowed, None),
                     grpc,
                     peer,
                     started,
+                    note,
                 );
                 if let Some(a) = allow {
                     resp.headers_mut().insert(http::header::ALLOW, a);
@@ -181,9 +181,17 @@ impl Proxy {
                 return resp;
             }
             Routed::Nowhere => {
-                return self.refuse_unrouted(Rejection::NoRoute, Outcome::NoRoute, grpc, peer, &req)
+                return self.refuse_unrouted(
+                    Rejection::NoRoute,
+                    Outcome::NoRoute,
+                    grpc,
+                    peer,
+                    &req,
+                    note,
+                )
             }
         };
+        note.route = Some(route);
         // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
         // the next request on its connection, a request palisade never checked.
         let close_upstream = is_bodiless_method(req.method()) && has_body(&req);
@@ -191,7 +199,15 @@ impl Proxy {
             let why = Rejection::BadRequest(
                 "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
             );
-            let mut resp = self.refuse(route, why, Outcome::Malformed, None, grpc, peer, started);
+            let mut resp = self.refuse(
+                route,
+                why,
+                (Outcome::Malformed, None),
+                grpc,
+                peer,
+                started,
+                note,
+            );
             // The unread body must not be parsed as this connection's next request either.
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
@@ -212,7 +228,8 @@ impl Proxy {
             Some(max) => match http_body::Body::size_hint(req.body()).exact() {
                 Some(n) if n > max => {
                     let why = Rejection::BodyTooLarge { limit: max };
-                    return self.refuse(route, why, Outcome::TooLarge, None, grpc, peer, started);
+                    let refused = (Outcome::TooLarge, None);
+                    return self.refuse(route, why, refused, grpc, peer, started, note);
                 }
                 Some(_) => None,
                 None => Some(BodyLimit {
@@ -229,11 +246,21 @@ impl Proxy {
         let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
             Ok(admitted) => admitted,
             Err((rejection, outcome, token)) => {
-                return self.refuse(route, rejection, outcome, token, grpc, peer, started)
+                return self.refuse(
+                    route,
+                    rejection,
+                    (outcome, token),
+                    grpc,
+                    peer,
+                    started,
+                    note,
+                )
             }
         };
 
         let upstream = &self.upstreams[route.settings.upstream];
+        note.upstream = Some(&upstream.settings.name);
+        note.token = token;
         // The request body and the response each hold a half of the drain ticket: the exchange
         // counts as in flight until both are over.
         let (ticket, body_ticket) = match ticket.map(Ticket::split) {
@@ -270,19 +297,21 @@ impl Proxy {
         };
         let result = match forwarded {
             Forwarded::Answered(r) => r,
-            Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started),
+            Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started, note),
         };
         // The body went over `max_body_bytes` while streaming: the upstream got no complete
         // request, and the client gets 413, not 502.
         if result.is_err() && too_large.is_some_and(|hit| hit.load(Ordering::Acquire)) {
             let limit = route.settings.max_body_bytes.unwrap_or_default();
             let why = Rejection::BodyTooLarge { limit };
-            return self.refuse(route, why, Outcome::TooLarge, token, grpc, peer, started);
+            let refused = (Outcome::TooLarge, token);
+            return self.refuse(route, why, refused, grpc, peer, started, note);
         }
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok((mut resp, held)) => {
                 m.count(outcome);
+                note.set(outcome, token);
                 if let Some(client) =
                     client_upgrade.filter(|_| resp.status() == StatusCode::SWITCHING_PROTOCOLS)
                 {
@@ -306,6 +335,7 @@ impl Proxy {
             }
             Err(rejection) => {
                 m.count(Outcome::UpstreamError);
+                note.set(Outcome::UpstreamError, token);
                 tracing::warn!(
                     route = %route.settings.name,
                     upstream = %upstream.settings.name,

@@ -10,7 +10,7 @@ use http_body_util::Either;
 use hyper::body::Incoming;
 
 use super::request::token_alias;
-use super::{Proxy, ProxyBody, Route, Routed};
+use super::{Note, Proxy, ProxyBody, Route, Routed};
 use crate::admission::{Refused, Resource};
 use crate::config::{MissingToken, OtherMethods};
 use crate::drain::Ticket;
@@ -27,7 +27,9 @@ impl Proxy {
         grpc: Option<HeaderValue>,
         peer: SocketAddr,
         started: Instant,
+        note: &mut Note<'_>,
     ) -> Response<ProxyBody> {
+        note.set(Outcome::Stale, token);
         let m = &route.metrics;
         let resource = route.resource.as_deref();
         if let Some(c) = &m.stale {
@@ -60,12 +62,13 @@ impl Proxy {
         &self,
         route: &Route,
         rejection: Rejection,
-        outcome: Outcome,
-        token: Option<u64>,
+        (outcome, token): (Outcome, Option<u64>),
         grpc: Option<HeaderValue>,
         peer: SocketAddr,
         started: Instant,
+        note: &mut Note<'_>,
     ) -> Response<ProxyBody> {
+        note.set(outcome, token);
         let resource = route.resource.as_deref();
         tracing::info!(
             route = %route.settings.name,
@@ -191,7 +194,9 @@ impl Proxy {
         grpc: Option<HeaderValue>,
         peer: SocketAddr,
         req: &Request<Incoming>,
+        note: &mut Note<'_>,
     ) -> Response<ProxyBody> {
+        note.set(outcome, None);
         tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
         self.unrouted.count(outcome);
         rejection

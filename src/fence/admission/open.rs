@@ -1,0 +1,97 @@
+//! Adding resources to a running admission: per request (a guard layer's resource chosen
+//! from the request) and per reload (routes new to the configuration).
+
+use std::sync::Arc;
+
+use super::advance::learn;
+use super::{read, Admission, Resource};
+use crate::marks::{Consistency, StoreError};
+
+impl Admission {
+    /// The resource named `name`, loading its mark from the store the first time it is asked
+    /// for (resources chosen per request by a guard layer).
+    ///
+    /// # Errors
+    /// The store's error when the mark cannot be loaded: the resource is not guarded on a
+    /// guess.
+    pub async fn resource_or_open(&self, name: &str) -> Result<Arc<Resource>, StoreError> {
+        if let Some(r) = self.resource(name) {
+            return Ok(r);
+        }
+        self.open_resources([name]).await?;
+        Ok(self
+            .resource(name)
+            .expect("open_resources inserts every name it was given"))
+    }
+
+    /// Adds every resource of `names` that is not known yet, each with its mark loaded from
+    /// the store, and returns the names it added. A reload calls this before the new routes
+    /// serve, so a guarded route never starts from a guessed mark.
+    ///
+    /// Known resources are left exactly as they are: the same [`Resource`] (its mark, its
+    /// advance lock and its in-flight requests) is what the routes of every configuration
+    /// share, so admissions in flight on the old configuration and the first ones on the new
+    /// one are judged against one mark. Marks are never reset or replaced here. Two callers
+    /// opening the same name at once both read the store; the first insert wins and the
+    /// second keeps it.
+    ///
+    /// # Errors
+    /// The store's error when a mark cannot be read. Names inserted before a failure stay
+    /// (their marks were read from the store).
+    pub async fn open_resources<I, S>(&self, names: I) -> Result<Vec<String>, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let missing: std::collections::BTreeSet<String> = {
+            let known = read(&self.resources);
+            names
+                .into_iter()
+                .filter(|n| !known.contains_key(n.as_ref()))
+                .map(|n| n.as_ref().to_owned())
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(Vec::new());
+        }
+        let local = self.store.consistency() == Consistency::Local;
+        let mut loaded = Vec::with_capacity(missing.len());
+        if local {
+            // This process is the only writer of a local store, and only resources in the map
+            // are ever advanced: nothing can change these marks between this read and the
+            // insert below.
+            let all = self.store.load().await?;
+            loaded.extend(missing.into_iter().map(|n| {
+                let m = all.get(&n).copied().unwrap_or(0);
+                (n, m)
+            }));
+        } else {
+            for n in missing {
+                let m = self.store.confirm(&n).await?;
+                loaded.push((n, m));
+            }
+        }
+        let mut opened = Vec::new();
+        {
+            let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
+            for (name, initial) in loaded {
+                map.entry(name).or_insert_with_key(|name| {
+                    opened.push(name.clone());
+                    Resource::new(name, initial, &self.metrics)
+                });
+            }
+        }
+        if !local {
+            // Another replica may have advanced a mark between the read above and the insert;
+            // the store's watch skipped that event (the name was not known yet). One more read
+            // now that the resource is in the map closes the gap.
+            for name in &opened {
+                let stored = self.store.confirm(name).await?;
+                if let Some(res) = self.resource(name).filter(|r| stored > r.mark()) {
+                    learn(res, stored).await;
+                }
+            }
+        }
+        Ok(opened)
+    }
+}

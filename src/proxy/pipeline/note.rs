@@ -1,0 +1,94 @@
+//! What the pipeline decided about a request, noted on the way, and its access log line.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use http::{Method, Request, StatusCode, Uri};
+
+use super::Route;
+use crate::access_log::{AccessLog, Line};
+use crate::admission::Resource;
+use crate::metrics::Outcome;
+
+/// What became of a request: filled in where `handle` decides (the same places that count
+/// `palisade_requests_total`).
+#[derive(Default)]
+pub(super) struct Note<'a> {
+    pub(super) route: Option<&'a Route>,
+    pub(super) outcome: Option<Outcome>,
+    pub(super) token: Option<u64>,
+    pub(super) upstream: Option<&'a str>,
+}
+
+impl Note<'_> {
+    pub(super) fn set(&mut self, outcome: Outcome, token: Option<u64>) {
+        self.outcome = Some(outcome);
+        self.token = token;
+    }
+}
+
+/// Status and outcome of a request whose client went away (or whose connection shutdown's
+/// grace dropped) before its answer was ready, as nginx logs it.
+const CLIENT_CLOSED: (u16, &str) = (499, "client_closed");
+
+/// A request on its way, written to the access log when dropped: after its answer, or
+/// when hyper drops the request's future because the client went away.
+pub(super) struct Logged<'a> {
+    log: &'a AccessLog,
+    pub(super) note: Note<'a>,
+    peer: SocketAddr,
+    started: Instant,
+    // The request itself goes upstream: the line keeps its method and URI, whose clone
+    // shares the bytes hyper parsed (a reference count, no copy).
+    method: Method,
+    uri: Uri,
+    status: Option<StatusCode>,
+}
+
+impl<'a> Logged<'a> {
+    pub(super) fn new<B>(
+        log: &'a AccessLog,
+        req: &Request<B>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Self {
+        Self {
+            log,
+            note: Note::default(),
+            peer,
+            started,
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            status: None,
+        }
+    }
+
+    /// The answer's status; the line is written when `self` is dropped.
+    pub(super) fn answered(mut self, status: StatusCode) {
+        self.status = Some(status);
+    }
+}
+
+impl Drop for Logged<'_> {
+    fn drop(&mut self) {
+        let n = &self.note;
+        let resource = n.route.and_then(|r| r.resource.as_deref());
+        let (status, outcome) = match self.status {
+            Some(s) => (s.as_u16(), n.outcome.map_or("", Outcome::as_str)),
+            None => CLIENT_CLOSED,
+        };
+        self.log.record(&Line {
+            peer: self.peer,
+            method: self.method.as_str(),
+            path: self.uri.path(),
+            route: n.route.map(|r| r.settings.name.as_str()),
+            resource: resource.map(Resource::name),
+            status,
+            outcome,
+            token: n.token,
+            mark: resource.map(Resource::mark),
+            upstream: n.upstream,
+            latency: self.started.elapsed(),
+        });
+    }
+}

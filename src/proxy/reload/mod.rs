@@ -1,0 +1,222 @@
+//! Configuration reload without dropping connections (SIGHUP, admin `POST /reload`).
+//!
+//! The configuration in force is one [`Proxy`] behind an [`ArcSwap`]: each request loads it
+//! once and keeps its `Arc` until its response is over, so a request always finishes on the
+//! configuration it started with, and the data path takes no lock to get it.
+//!
+//! A reload, one at a time:
+//! 1. reads, parses and validates the file the configuration came from; an invalid file
+//!    changes nothing (the error, with file:line:column, is logged and returned);
+//! 2. keeps the running value of every key that applies only at start ([`KeptKey`]: listen
+//!    addresses, the mark store, workers, connection limits) and warns about each;
+//! 3. opens the resources that are new to the configuration, each with its mark loaded
+//!    from the store ([`Admission::open_resources`]), before any route uses them; known
+//!    resources keep their marks (marks are state, not configuration);
+//! 4. builds the new `Proxy`, carrying over unchanged upstreams with their connections and
+//!    an unchanged access log ([`Proxy::build`]), and swaps it in.
+//!
+//! Counted in `palisade_config_reloads_total{result="ok"|"error"}`.
+
+mod fixed;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use prometheus::{IntCounter, IntCounterVec, Opts};
+
+pub use fixed::KeptKey;
+
+use crate::access_log::{AccessLogError, AccessLogs};
+use crate::admission::Admission;
+use crate::config::{Config, ConfigError};
+use crate::marks::StoreError;
+use crate::metrics::Metrics;
+use crate::proxy::pipeline::CarriedOver;
+use crate::proxy::Proxy;
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// The file could not be read or is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The mark of a resource new to the configuration could not be loaded.
+    #[error("cannot load the marks of the new resources: {0}")]
+    Store(#[from] StoreError),
+    /// The access log's new target could not be opened.
+    #[error(transparent)]
+    AccessLog(#[from] AccessLogError),
+    /// The task reading the file failed.
+    #[error("reading the configuration failed: {0}")]
+    TaskLost(#[source] tokio::task::JoinError),
+}
+
+/// What a successful reload changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Routes now in force.
+    pub routes: usize,
+    /// Upstreams kept with their connections, and new ones.
+    pub carried: CarriedOver,
+    /// Resources new to the configuration, with marks loaded from the store.
+    pub new_resources: Vec<String>,
+    /// Keys whose new values take a restart (their running values stay).
+    pub kept: Vec<KeptKey>,
+}
+
+/// Reloads the configuration of a running palisade; cheap to clone.
+#[derive(Clone)]
+pub struct Reloader {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    current: Arc<ArcSwap<Proxy>>,
+    /// The configuration in force; its lock also makes reloads take turns.
+    config: tokio::sync::Mutex<Config>,
+    admission: Arc<Admission>,
+    metrics: Metrics,
+    access_logs: AccessLogs,
+    /// The listener's TLS configuration: a reload puts the re-read certificates in force.
+    tls: Option<crate::server::TlsConfig>,
+    ok: IntCounter,
+    error: IntCounter,
+}
+
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader").finish_non_exhaustive()
+    }
+}
+
+impl Reloader {
+    /// A reloader for the proxy in `current`, built from `config`.
+    ///
+    /// # Errors
+    /// When `palisade_config_reloads_total` is already registered in `metrics`' registry.
+    pub(crate) fn new(
+        current: Arc<ArcSwap<Proxy>>,
+        config: Config,
+        admission: Arc<Admission>,
+        metrics: Metrics,
+        access_logs: AccessLogs,
+        tls: Option<crate::server::TlsConfig>,
+    ) -> prometheus::Result<Self> {
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "palisade_config_reloads_total",
+                "Configuration reloads, by result (ok, or error: the previous one stayed).",
+            ),
+            &["result"],
+        )?;
+        metrics.registry().register(Box::new(reloads.clone()))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                current,
+                config: tokio::sync::Mutex::new(config),
+                ok: reloads.with_label_values(&["ok"]),
+                error: reloads.with_label_values(&["error"]),
+                admission,
+                metrics,
+                access_logs,
+                tls,
+            }),
+        })
+    }
+
+    /// Reads the configuration file again and, if it is valid, puts it in force (see the
+    /// module docs). Logs and counts the result either way.
+    ///
+    /// # Errors
+    /// [`ReloadError`]: nothing changed, the previous configuration still serves.
+    pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let mut in_force = self.inner.config.lock().await;
+        let result = self.apply(&mut in_force).await;
+        match &result {
+            Ok(r) => {
+                self.inner.ok.inc();
+                for k in &r.kept {
+                    tracing::warn!("config reload: {k}");
+                }
+                tracing::info!(
+                    file = %in_force.file.display(),
+                    routes = r.routes,
+                    upstreams_kept = r.carried.upstreams_kept,
+                    upstreams_new = r.carried.upstreams_new,
+                    new_resources = ?r.new_resources,
+                    "config reloaded"
+                );
+            }
+            Err(e) => {
+                self.inner.error.inc();
+                tracing::error!(error = %e, "config reload failed; the previous configuration stays in force");
+            }
+        }
+        result
+    }
+
+    async fn apply(&self, in_force: &mut Config) -> Result<Reloaded, ReloadError> {
+        let i = &self.inner;
+        let path = in_force.file.clone();
+        let mut next = tokio::task::spawn_blocking(move || Config::load(path))
+            .await
+            .map_err(ReloadError::TaskLost)??;
+        let kept = fixed::keep(in_force, &mut next);
+        let new_resources = i
+            .admission
+            .open_resources(
+                next.routes
+                    .iter()
+                    .filter(|r| r.guard)
+                    .map(|r| r.resource.as_str()),
+            )
+            .await?;
+        let previous = i.current.load_full();
+        let access_log = match &next.access_log {
+            None => None,
+            Some(s) => match previous.access_log().filter(|l| l.settings() == s) {
+                Some(same) => Some(Arc::clone(same)),
+                None => Some(i.access_logs.open(s)?),
+            },
+        };
+        let (proxy, carried) = Proxy::build(
+            &next,
+            Arc::clone(&i.admission),
+            &i.metrics,
+            Some(&previous),
+            access_log,
+        );
+        i.current.store(Arc::new(proxy));
+        if let (Some(listener), Some(tls)) = (&i.tls, &next.proxy.tls) {
+            listener.store(Arc::clone(&tls.server));
+        }
+        for w in &next.warnings {
+            tracing::warn!("config: {w}");
+        }
+        let reloaded = Reloaded {
+            routes: next.routes.len(),
+            carried,
+            new_resources,
+            kept,
+        };
+        *in_force = next;
+        Ok(reloaded)
+    }
+
+    /// Asks the access log in force to reopen its file (SIGUSR1, after logrotate renamed
+    /// it). `false` when there is no access log.
+    pub fn reopen_access_log(&self) -> bool {
+        match self.inner.current.load().access_log() {
+            Some(log) => {
+                log.reopen();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The configuration in force.
+    pub fn proxy(&self) -> Arc<Proxy> {
+        self.inner.current.load_full()
+    }
+}

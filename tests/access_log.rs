@@ -1,0 +1,379 @@
+//! The access log: one line per request, refusals included, as JSON or text, to a file that
+//! SIGUSR1 reopens, or to stderr; a log that cannot be written never fails a request.
+
+mod support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use serde_json::Value;
+use support::{get, h2c_client, metric, post, send};
+use tokio::io::AsyncWriteExt;
+
+const CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "marks.json"
+
+[access_log]
+format = "{format}"
+path = "{log}"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[upstream]]
+name = "nowhere"
+url = "http://127.0.0.1:1"
+
+[[route]]
+name = "orders-write"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST"]
+resource = "orders"
+
+[[route]]
+name = "dead"
+upstream = "nowhere"
+path_prefix = "/dead"
+guard = false
+
+[[route]]
+name = "reads"
+upstream = "legacy"
+path_prefix = "/reads"
+guard = false
+"#;
+
+fn config(format: &str, log: &str, upstream: std::net::SocketAddr) -> String {
+    CONFIG
+        .replace("{format}", format)
+        .replace("{log}", log)
+        .replace("{upstream}", &upstream.to_string())
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn json_lines_name_route_status_outcome_token_mark_and_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let proxy = support::proxy(&config("json", "access.log", up.addr), dir.path()).await;
+    let orders = proxy.url("/orders/1");
+    assert_eq!(post(&orders, Some("34")).await.status, StatusCode::OK);
+    assert_eq!(post(&orders, Some("51")).await.status, StatusCode::OK);
+    assert_eq!(post(&orders, Some("34")).await.status, StatusCode::CONFLICT);
+    assert_eq!(
+        post(&orders, None).await.status,
+        StatusCode::PRECONDITION_REQUIRED
+    );
+    assert_eq!(
+        post(&orders, Some("0x1")).await.status,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        get(&proxy.url("/nowhere?secret=1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(&proxy.url("/dead")).await.status,
+        StatusCode::BAD_GATEWAY
+    );
+    let h2 = send(&h2c_client(), Method::GET, &proxy.url("/reads/x"), &[], b"").await;
+    assert_eq!(h2.status, StatusCode::OK);
+    proxy.shutdown().await; // flushes the log
+
+    let got: Vec<Value> = lines(&dir.path().join("access.log"))
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let brief: Vec<_> = got
+        .iter()
+        .map(|v| {
+            (
+                v["method"].as_str().unwrap(),
+                v["route"].as_str(),
+                v["status"].as_u64().unwrap(),
+                v["outcome"].as_str().unwrap(),
+                v["token"].as_u64(),
+                v["mark"].as_u64(),
+                v["upstream"].as_str(),
+            )
+        })
+        .collect();
+    let orders = Some("orders-write");
+    let legacy = Some("legacy");
+    assert_eq!(
+        brief,
+        [
+            ("POST", orders, 200, "admitted", Some(34), Some(34), legacy),
+            ("POST", orders, 200, "admitted", Some(51), Some(51), legacy),
+            ("POST", orders, 409, "stale", Some(34), Some(51), None),
+            ("POST", orders, 428, "missing", None, Some(51), None),
+            ("POST", orders, 400, "malformed", None, Some(51), None),
+            ("GET", None, 404, "no_route", None, None, None),
+            (
+                "GET",
+                Some("dead"),
+                502,
+                "upstream_error",
+                None,
+                None,
+                Some("nowhere")
+            ),
+            ("GET", Some("reads"), 200, "passthrough", None, None, legacy),
+        ]
+    );
+    assert_eq!(got[0]["path"], "/orders/1");
+    assert_eq!(got[0]["resource"], "orders");
+    assert_eq!(got[5]["path"], "/nowhere", "no query string");
+    assert_eq!(got[7]["path"], "/reads/x", "over h2c");
+    for v in &got {
+        assert!(v["time"].as_str().unwrap().ends_with('Z'), "{v}");
+        assert!(v["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{v}");
+        assert!(v["latency_us"].as_u64().unwrap() < 10_000_000, "{v}");
+    }
+}
+
+#[tokio::test]
+async fn text_lines_are_key_value_pairs() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let proxy = support::proxy(&config("text", "logs-access.log", up.addr), dir.path()).await;
+    assert_eq!(
+        post(&proxy.url("/orders/1"), Some("7")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&proxy.url("/orders/1"), Some("6")).await.status,
+        StatusCode::CONFLICT
+    );
+    assert_eq!(
+        get(&proxy.url("/elsewhere")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    proxy.shutdown().await;
+    let got = lines(&dir.path().join("logs-access.log"));
+    assert_eq!(got.len(), 3, "{got:#?}");
+    let tail = |l: &str| {
+        l.split_once(" method=")
+            .unwrap()
+            .1
+            .rsplit_once(" latency_us=")
+            .unwrap()
+            .0
+            .to_owned()
+    };
+    assert_eq!(
+        tail(&got[0]),
+        "POST path=/orders/1 route=orders-write resource=orders status=200 outcome=admitted \
+         token=7 mark=7 upstream=legacy"
+    );
+    assert_eq!(
+        tail(&got[1]),
+        "POST path=/orders/1 route=orders-write resource=orders status=409 outcome=stale \
+         token=6 mark=7 upstream=-"
+    );
+    assert_eq!(
+        tail(&got[2]),
+        "GET path=/elsewhere route=- resource=- status=404 outcome=no_route token=- mark=- \
+         upstream=-"
+    );
+    assert!(
+        got[0].starts_with("time=") && got[0].contains(" peer=127.0.0.1:"),
+        "{}",
+        got[0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_log_that_cannot_be_written_counts_errors_and_never_fails_a_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    // Every write to /dev/full fails with ENOSPC, like a full disk.
+    let file = support::write(
+        dir.path(),
+        "palisade.toml",
+        &config("json", "/dev/full", up.addr),
+    );
+    let p = support::spawn_proxy(&file).unwrap();
+    let url = format!("http://{}/orders/1", p.addr);
+    assert_eq!(post(&url, Some("1")).await.status, StatusCode::OK);
+    let failed = p.wait_log(
+        "cannot write the access log; dropping lines",
+        Duration::from_secs(10),
+    );
+    assert!(
+        failed["error"].as_str().unwrap().contains("No space left"),
+        "{failed}"
+    );
+    for t in 2..=20 {
+        let r = post(&url, Some(&t.to_string())).await;
+        assert_eq!(r.status, StatusCode::OK, "request {t}");
+    }
+    let m = get(&format!("http://{}/metrics", p.admin.unwrap()))
+        .await
+        .text();
+    let errors = metric(&m, "palisade_access_log_write_errors_total").unwrap();
+    let dropped = r#"palisade_access_log_dropped_lines_total{reason="write_error"}"#;
+    assert!(errors >= 1.0 && metric(&m, dropped).unwrap() >= 1.0, "{m}");
+    assert_eq!(metric(&m, "palisade_access_log_lines_total"), Some(0.0));
+}
+
+/// What logrotate does: rename the file, then SIGUSR1. Lines written before the signal stay
+/// in the renamed file; after it, palisade writes to a new file at the configured path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigusr1_after_a_rename_writes_to_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = support::write(
+        dir.path(),
+        "palisade.toml",
+        &config("json", "access.log", up.addr),
+    );
+    let mut p = support::spawn_proxy(&file).unwrap();
+    let base = format!("http://{}", p.addr);
+    assert_eq!(
+        get(&format!("{base}/reads/before")).await.status,
+        StatusCode::OK
+    );
+    let (log, rotated) = (
+        dir.path().join("access.log"),
+        dir.path().join("access.log.1"),
+    );
+    std::fs::rename(&log, &rotated).unwrap();
+    assert_eq!(
+        get(&format!("{base}/reads/between")).await.status,
+        StatusCode::OK
+    );
+    p.signal("USR1");
+    let fields = p.wait_log("access log reopened", Duration::from_secs(10));
+    assert_eq!(fields["path"], log.display().to_string());
+    assert_eq!(
+        get(&format!("{base}/reads/after")).await.status,
+        StatusCode::OK
+    );
+    p.signal("TERM");
+    assert!(p.child.wait().unwrap().success());
+
+    let paths = |f: &Path| -> Vec<String> {
+        lines(f)
+            .iter()
+            .map(|l| {
+                serde_json::from_str::<Value>(l).unwrap()["path"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
+            .collect()
+    };
+    assert_eq!(paths(&rotated), ["/reads/before", "/reads/between"]);
+    assert_eq!(paths(&log), ["/reads/after"]);
+}
+
+#[test]
+fn path_dash_writes_json_lines_to_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let up = rt.block_on(support::upstream());
+    let file = support::write(dir.path(), "palisade.toml", &config("json", "-", up.addr));
+    let p = support::spawn_proxy(&file).unwrap();
+    let url = format!("http://{}/reads/on-stderr", p.addr);
+    assert_eq!(rt.block_on(get(&url)).status, StatusCode::OK);
+    let line = p.wait_json(Duration::from_secs(10), |v| v["path"] == "/reads/on-stderr");
+    assert_eq!(line["outcome"], "passthrough");
+    assert_eq!(line["upstream"], "legacy");
+}
+
+#[tokio::test]
+async fn a_reload_turns_the_access_log_on_and_moves_it_without_losing_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = dir.path().join("palisade.toml");
+    let with = |format: &str, log: &str| config(format, log, up.addr);
+    let off = with("json", "x").replace("[access_log]\nformat = \"json\"\npath = \"x\"\n", "");
+    assert!(!off.contains("access_log"));
+    std::fs::write(&file, &off).unwrap();
+    let proxy = support::proxy_file(&file).await;
+    let read = |n: u32| proxy.url(&format!("/reads/{n}"));
+    assert_eq!(get(&read(1)).await.status, StatusCode::OK);
+    for (n, text) in [
+        (2, with("json", "a.log")),
+        (3, with("text", "b.log")),
+        (4, with("text", "b.log")),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        proxy.reloader.reload().await.unwrap();
+        assert_eq!(get(&read(n)).await.status, StatusCode::OK);
+    }
+    proxy.shutdown().await; // waits for the replaced log's writer too
+    let a = lines(&dir.path().join("a.log"));
+    assert_eq!(a.len(), 1, "{a:#?}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&a[0]).unwrap()["path"],
+        "/reads/2"
+    );
+    let b = lines(&dir.path().join("b.log"));
+    assert_eq!(b.len(), 2, "{b:#?}");
+    assert!(
+        b[0].contains(" path=/reads/3 ") && b[1].contains(" path=/reads/4 "),
+        "{b:#?}"
+    );
+}
+
+/// An upstream that never answers, and says when a request reached it.
+async fn hanging_upstream() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arrived = Arc::new(tokio::sync::Notify::new());
+    let a = Arc::clone(&arrived);
+    tokio::spawn(palisade::server::serve(
+        listener,
+        move |_req, _peer| {
+            a.notify_one();
+            std::future::pending::<http::Response<http_body_util::Full<bytes::Bytes>>>()
+        },
+        std::future::pending(),
+        Duration::from_secs(1),
+    ));
+    (addr, arrived)
+}
+
+#[tokio::test]
+async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, arrived) = hanging_upstream().await;
+    let proxy = support::proxy(&config("json", "access.log", addr), dir.path()).await;
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head =
+        "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ncontent-length: 0\r\n\r\n";
+    client.write_all(head.as_bytes()).await.unwrap();
+    arrived.notified().await; // admitted and forwarded
+    drop(client);
+    proxy.shutdown().await;
+    let got = lines(&dir.path().join("access.log"));
+    assert_eq!(got.len(), 1, "{got:#?}");
+    let v: Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(v["status"], 499);
+    assert_eq!(v["outcome"], "client_closed");
+    assert_eq!(v["route"], "orders-write");
+    assert_eq!(v["token"], 8);
+    assert_eq!(v["mark"], 8);
+    assert_eq!(v["upstream"], "legacy");
+}

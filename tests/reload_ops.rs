@@ -1,0 +1,250 @@
+//! Reload as an operator drives it: SIGHUP to the `palisade` process, `POST /reload` on the
+//! admin listener, a file with a mistake in it, and keys that only a restart changes.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use palisade::reload::ReloadError;
+use support::{get, http1_client, metric, post, send};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const A: &str = r#"
+[proxy]
+listen = "127.0.0.1:{port}"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "marks.json"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST"]
+resource = "orders"
+
+[[route]]
+name = "a-only"
+upstream = "legacy"
+path_prefix = "/a-only"
+guard = false
+"#;
+
+fn config_a(upstream: SocketAddr, port: u16) -> String {
+    A.replace("{upstream}", &upstream.to_string())
+        .replace("{port}", &port.to_string())
+}
+
+/// A: `/a-only` becomes `/b-only`, and a second guarded route appears.
+fn config_b(upstream: SocketAddr, port: u16) -> String {
+    config_a(upstream, port).replace("a-only", "b-only")
+        + "\n[[route]]\nname = \"invoices\"\nupstream = \"legacy\"\npath_prefix = \"/invoices\"\n"
+}
+
+/// B with a misspelt key on line 27 (`gaurd`), which must be named with its place.
+fn config_bad(upstream: SocketAddr, port: u16) -> String {
+    config_b(upstream, port).replace("guard = false", "gaurd = false")
+}
+
+const BAD_PLACE: &str = "palisade.toml:27:1: route[1].gaurd";
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+/// One raw keep-alive connection: `GET path`, the status code of the answer.
+async fn get_on(conn: &mut TcpStream, path: &str) -> u16 {
+    let head = format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n");
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "palisade closed a keep-alive connection");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf);
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let len: usize = text[..end]
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap();
+        if buf.len() >= end + 4 + len {
+            return text[9..12].parse().unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_file_and_a_bad_one_keeps_the_running_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = dir.path().join("palisade.toml");
+    write(&file, &config_a(up.addr, 0));
+    let p = support::spawn_proxy(&file).unwrap();
+    let admin = p.admin.unwrap();
+    let base = format!("http://{}", p.addr);
+    let mut kept_alive = TcpStream::connect(p.addr).await.unwrap();
+    assert_eq!(get_on(&mut kept_alive, "/a-only/1").await, 200);
+    assert_eq!(
+        post(&format!("{base}/orders/1"), Some("34")).await.status,
+        StatusCode::OK
+    );
+
+    write(&file, &config_b(up.addr, 0));
+    p.signal("HUP");
+    let fields = p.wait_log("config reloaded", Duration::from_secs(10));
+    assert_eq!(fields["routes"], 3);
+    assert_eq!(fields["upstreams_kept"], 1);
+    assert_eq!(
+        get(&format!("{base}/b-only/1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&format!("{base}/a-only/1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get_on(&mut kept_alive, "/b-only/2").await,
+        200,
+        "same connection, new routes"
+    );
+    let zombie = post(&format!("{base}/orders/1"), Some("33")).await;
+    assert_eq!(
+        zombie.status,
+        StatusCode::CONFLICT,
+        "the mark survived the reload"
+    );
+
+    write(&file, &config_bad(up.addr, 0));
+    p.signal("HUP");
+    let failed = p.wait_log(
+        "config reload failed; the previous configuration stays in force",
+        Duration::from_secs(10),
+    );
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.contains(BAD_PLACE), "{error}");
+    assert!(error.contains("unknown field"), "{error}");
+    assert_eq!(
+        get_on(&mut kept_alive, "/b-only/3").await,
+        200,
+        "B still serves"
+    );
+    let m = get(&format!("http://{admin}/metrics")).await.text();
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"ok\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"error\"}"),
+        Some(1.0)
+    );
+    let marks = get(&format!("http://{admin}/marks")).await.json();
+    assert_eq!(marks, serde_json::json!({"orders": 34, "invoices": 0}));
+}
+
+#[tokio::test]
+async fn a_bad_file_changes_nothing_and_post_reload_reports_the_outcome() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = dir.path().join("palisade.toml");
+    write(&file, &config_a(up.addr, 0));
+    let proxy = support::proxy_file(&file).await;
+
+    write(&file, &config_bad(up.addr, 0));
+    match proxy.reloader.reload().await {
+        Err(ReloadError::Config(e)) => {
+            let e = e.to_string();
+            assert!(e.contains(BAD_PLACE), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(get(&proxy.url("/a-only/1")).await.status, StatusCode::OK);
+    assert_eq!(
+        get(&proxy.url("/b-only/1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+
+    let reload = format!("http://{}/reload", proxy.admin);
+    let refused = send(&http1_client(), Method::POST, &reload, &[], b"").await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(refused.text().contains(BAD_PLACE), "{}", refused.text());
+    assert_eq!(get(&reload).await.status, StatusCode::METHOD_NOT_ALLOWED);
+
+    write(&file, &config_b(up.addr, 0));
+    let done = send(&http1_client(), Method::POST, &reload, &[], b"").await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.text());
+    assert!(
+        done.text().contains("new resources: [\"invoices\"]"),
+        "{}",
+        done.text()
+    );
+    assert_eq!(get(&proxy.url("/b-only/1")).await.status, StatusCode::OK);
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"ok\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"error\"}"),
+        Some(2.0)
+    );
+    proxy.shutdown().await;
+}
+
+#[tokio::test]
+async fn keys_that_take_a_restart_keep_their_running_values_and_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = dir.path().join("palisade.toml");
+    write(&file, &config_a(up.addr, 0));
+    let proxy = support::proxy_file(&file).await;
+    assert_eq!(
+        post(&proxy.url("/orders/1"), Some("5")).await.status,
+        StatusCode::OK
+    );
+
+    // Another listen address, another marks file, and a route change that does apply.
+    write(
+        &file,
+        &config_b(up.addr, 1).replace("marks.json", "other-marks.json"),
+    );
+    let r = proxy.reloader.reload().await.unwrap();
+    let keys: Vec<&str> = r.kept.iter().map(|k| k.key).collect();
+    assert_eq!(keys, ["proxy.listen", "marks"]);
+    assert!(
+        r.kept[0].to_string().contains("takes a restart"),
+        "{}",
+        r.kept[0]
+    );
+    assert_eq!(
+        get(&proxy.url("/b-only/1")).await.status,
+        StatusCode::OK,
+        "routes applied"
+    );
+    let zombie = post(&proxy.url("/orders/1"), Some("4")).await;
+    assert_eq!(
+        zombie.status,
+        StatusCode::CONFLICT,
+        "still the running marks file"
+    );
+    assert!(!dir.path().join("other-marks.json").exists());
+    proxy.shutdown().await;
+}
