@@ -455,3 +455,52 @@ async fn an_https_upstream_with_a_certificate_nobody_trusts_gets_502() {
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert!(r.text().contains("certificate"), "{}", r.text());
 }
+
+/// `GET /items/1` over a new TLS connection (HTTP/1.1) to `addr`.
+async fn get_tls(
+    addr: std::net::SocketAddr,
+    tls: Arc<ClientConfig>,
+) -> Result<StatusCode, Box<dyn std::error::Error + Send + Sync>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = TlsConnector::from(tls).connect(name, tcp).await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = Request::get("/items/1")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))?;
+    Ok(send.send_request(req).await?.status())
+}
+
+#[tokio::test]
+async fn a_reload_puts_new_certificates_in_force_for_new_connections() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let old = pki();
+    write_pki(dir.path(), &old);
+    let file = dir.path().join("palisade.toml");
+    let text = config(false)
+        .replace("{upstream}", &up.addr.to_string())
+        .replace("{grpc}", "127.0.0.1:1");
+    std::fs::write(&file, text).unwrap();
+    let proxy = support::proxy_file(&file).await;
+    let trusts_old = client_config(&old, &[b"http/1.1"], None);
+    assert_eq!(
+        get_tls(proxy.addr, Arc::clone(&trusts_old)).await.unwrap(),
+        StatusCode::OK
+    );
+
+    // Certificates renewed under another CA: the files change, then the reload.
+    let new = pki();
+    write_pki(dir.path(), &new);
+    proxy.reloader.reload().await.unwrap();
+    let trusts_new = client_config(&new, &[b"http/1.1"], None);
+    assert_eq!(
+        get_tls(proxy.addr, trusts_new).await.unwrap(),
+        StatusCode::OK
+    );
+    assert!(
+        get_tls(proxy.addr, trusts_old).await.is_err(),
+        "new connections must get the new certificate"
+    );
+}
