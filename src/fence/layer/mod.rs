@@ -168,24 +168,40 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
-        let (mut parts, body) = req.into_parts();
         // Decided at once. Admitted (an equal token) or unguarded: the service that was polled
-        // ready runs the request now, and the future is a small named one, no allocation.
-        match admit_now(&self.settings, &parts) {
-            Some(Ok(admitted)) => {
-                let (for_body, for_response) = match admitted {
-                    Some((token, ticket)) => {
-                        parts.extensions.insert(token);
-                        let (for_body, for_response) = ticket.split();
-                        (Some(for_body), Some(for_response))
-                    }
-                    None => (None, None),
-                };
-                let req = Request::from_parts(parts, FenceRequestBody::new(body, for_body));
-                return ResponseFuture::called(self.inner.call(req), for_response);
+        // ready runs the request now, and the future is a small named one, no allocation. A
+        // fixed resource is judged on the request as it is (no split into parts and back).
+        let now = match &self.settings.which {
+            Which::Fixed(_, cached) => match cached.get() {
+                Some(resource) => decide_now(&self.settings, resource, req.headers()),
+                None => None,
+            },
+            Which::Derived(_) => None,
+        };
+        let req = match now {
+            Some(Ok(admitted)) => return self.run_now(req, admitted),
+            Some(Err(refusal)) => return ResponseFuture::refused(refuse(refusal, req.headers())),
+            None => req,
+        };
+        let (mut parts, body) = req.into_parts();
+        if let Which::Derived(f) = &self.settings.which {
+            let now = match f(&parts) {
+                Some(n) => self
+                    .settings
+                    .admission
+                    .resource(&n)
+                    .and_then(|r| decide_now(&self.settings, &r, &parts.headers)),
+                None => Some(Ok(None)),
+            };
+            match now {
+                Some(Ok(admitted)) => {
+                    return self.run_now(Request::from_parts(parts, body), admitted)
+                }
+                Some(Err(refusal)) => {
+                    return ResponseFuture::refused(refuse(refusal, &parts.headers))
+                }
+                None => {}
             }
-            Some(Err(refusal)) => return ResponseFuture::refused(refuse(refusal, &parts.headers)),
-            None => {}
         }
         // Admission has to wait. The service that was polled ready goes with the request; a
         // fresh clone takes its place (tower's usual pattern).
@@ -213,6 +229,30 @@ where
     }
 }
 
+impl<S> Fence<S> {
+    /// Runs an admitted (or unguarded) request on the service that was polled ready: the
+    /// token in its extensions, half of its ticket in each body.
+    fn run_now<B, RB>(
+        &mut self,
+        mut req: Request<B>,
+        admitted: Admitted,
+    ) -> ResponseFuture<S::Future, RB, S::Error>
+    where
+        S: tower_service::Service<Request<FenceRequestBody<B>>, Response = Response<RB>>,
+    {
+        let (for_body, for_response) = match admitted {
+            Some((token, ticket)) => {
+                req.extensions_mut().insert(token);
+                let (for_body, for_response) = ticket.split();
+                (Some(for_body), Some(for_response))
+            }
+            None => (None, None),
+        };
+        let req = req.map(|body| FenceRequestBody::new(body, for_body));
+        ResponseFuture::called(self.inner.call(req), for_response)
+    }
+}
+
 fn refuse<RB>(
     (rejection, resource, token): Refusal,
     headers: &http::HeaderMap,
@@ -228,24 +268,14 @@ fn refuse<RB>(
         .map(FenceResponseBody::rejected)
 }
 
-/// The synchronous part of [`admit`]: `None` when only the async path can decide.
-fn admit_now(s: &Settings, parts: &http::request::Parts) -> Option<Result<Admitted, Refusal>> {
-    match &s.which {
-        Which::Fixed(_, cached) => decide_now(s, cached.get()?, parts),
-        Which::Derived(f) => match f(parts) {
-            Some(n) => decide_now(s, &s.admission.resource(&n)?, parts),
-            None => Some(Ok(None)),
-        },
-    }
-}
-
-/// [`admit_now`] for a known resource (borrowed: an admitted request takes no reference to it).
+/// The synchronous part of [`admit`] for a known resource (borrowed: an admitted request
+/// takes no reference to it): `None` when only the async path can decide.
 fn decide_now(
     s: &Settings,
     resource: &Arc<Resource>,
-    parts: &http::request::Parts,
+    headers: &http::HeaderMap,
 ) -> Option<Result<Admitted, Refusal>> {
-    let token = match token::from_headers(&parts.headers, &s.header) {
+    let token = match token::from_headers(headers, &s.header) {
         Ok(Some(t)) => t,
         Ok(None) if s.missing == MissingToken::Allow => return Some(Ok(None)),
         Ok(None) => return Some(Err((Rejection::MissingToken, None, None))),
