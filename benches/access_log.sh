@@ -11,7 +11,8 @@
 # - Each round measures both, in alternating order (off, on, then on, off, ...) so that drift
 #   on a shared machine does not favour one; DURATION seconds each after a 2 s warm-up. The
 #   result is the median requests/s of each over ROUNDS rounds and their ratio (on / off),
-#   plus the ratio of each round's pair.
+#   and the median of the rounds' own ratios (each pair ran back to back, so this one is the
+#   least disturbed by other load on the machine).
 # - At the end: the access log's line count against the requests palisade answered, and the
 #   dropped-lines counter (should be 0: the writer kept up).
 #
@@ -93,17 +94,19 @@ metric() { # admin-port series
 
 echo "access log cost: $(nproc) cores, $PIN, wrk -t1, ${DURATION}s x $ROUNDS rounds, json to a file"
 for c in $CONNS; do
-  offs=(); ons=()
+  offs=(); ons=(); ratios=()
   printf "%-6s | %-5s | %12s | %12s | %s\n" conns round "off rps" "on rps" "on/off"
   for r in $(seq "$ROUNDS"); do
     if ((r % 2)); then off=$(run_wrk "$OFF" "$c"); on=$(run_wrk "$ON" "$c")
     else on=$(run_wrk "$ON" "$c"); off=$(run_wrk "$OFF" "$c"); fi
-    offs+=("$off"); ons+=("$on")
-    printf "%-6s | %-5s | %12.0f | %12.0f | %.3f\n" "$c" "$r" "$off" "$on" "$(awk -v a="$on" -v b="$off" 'BEGIN {print a/b}')"
+    ratio=$(awk -v a="$on" -v b="$off" 'BEGIN {print a/b}')
+    offs+=("$off"); ons+=("$on"); ratios+=("$ratio")
+    printf "%-6s | %-5s | %12.0f | %12.0f | %.3f\n" "$c" "$r" "$off" "$on" "$ratio"
   done
   moff=$(printf '%s\n' "${offs[@]}" | median); mon=$(printf '%s\n' "${ons[@]}" | median)
-  printf "%-6s | median| %12.0f | %12.0f | %.3f  (access log on / off)\n" "$c" "$moff" "$mon" \
+  printf "%-6s | median| %12.0f | %12.0f | %.3f  (on / off of the medians; median of the" "$c" "$moff" "$mon" \
     "$(awk -v a="$mon" -v b="$moff" 'BEGIN {print a/b}')"
+  printf " rounds' ratios: %.3f)\n" "$(printf '%s\n' "${ratios[@]}" | median)"
 done
 answered=$(metric "$ON_ADM" 'palisade_requests_total{outcome="admitted",route="bench"}')
 sleep 0.3 # the writer flushes every 100 ms
