@@ -219,7 +219,9 @@ async fn checkout(home: &Home, dialer: &Dialer, timeout: Duration) -> Result<UpC
     let mut candidate = home.affinity.take(&home.pool);
     loop {
         let Some(mut c) = candidate.take().or_else(|| home.pool.take()) else {
-            return dial(dialer, timeout).await;
+            // Boxed: connecting is rare (a new upstream connection), and its state would
+            // otherwise grow every request's future.
+            return Box::pin(dial(dialer, timeout)).await;
         };
         if std::future::poll_fn(|cx| Poll::Ready(c.usable(cx))).await {
             return Ok(c);
@@ -253,7 +255,7 @@ pub(super) async fn send(
         Err(mut e) => match e.take_message() {
             Some(req) => {
                 tracing::debug!(error = %e.error(), "reused upstream connection closed before the request was written; dialing a new one");
-                c = dial(dialer, connect_timeout).await?;
+                c = Box::pin(dial(dialer, connect_timeout)).await?;
                 let mut sent = Box::pin(c.sender.try_send_request(req));
                 let r = Exchange {
                     conn: &mut c,

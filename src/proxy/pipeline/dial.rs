@@ -170,7 +170,9 @@ impl Dialer {
         let _ = tcp.set_nodelay(true);
         match &self.tls {
             None => Ok(UpIo::Plain(tcp)),
-            Some(tls) => tls.connect(&a.host, tcp).await,
+            // Boxed: a TLS handshake's state is several kilobytes, and this future is part of
+            // every request's future (which hyper moves whole), TLS or not.
+            Some(tls) => Box::pin(tls.connect(&a.host, tcp)).await,
         }
     }
 }

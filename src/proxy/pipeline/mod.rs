@@ -291,7 +291,14 @@ impl Proxy {
         // 409.
         let forwarded = if client_upgrade.is_some() {
             upgrade::upgrade_headers(req.headers_mut());
-            upgrade::forward(upstream, &route.settings, req, aborted.as_ref()).await
+            // Boxed: rare, and its state would otherwise grow every request's future.
+            Box::pin(upgrade::forward(
+                upstream,
+                &route.settings,
+                req,
+                aborted.as_ref(),
+            ))
+            .await
         } else {
             forward(upstream, &route.settings, affinity, req, aborted.as_ref()).await
         };

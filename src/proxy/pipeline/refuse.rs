@@ -123,12 +123,20 @@ impl Proxy {
             Ok(None) => return Err((Rejection::MissingToken, Outcome::Missing, None)),
             Err(e) => return Err((Rejection::MalformedToken(e), Outcome::Malformed, None)),
         };
-        match self
-            .admission
-            .admit(resource, t, route.settings.drain_timeout)
+        // The fast path decides at once; the slow one (an advance: persist, then drain) is
+        // boxed, so that its state does not grow the future of every request, which hyper
+        // moves whole.
+        let decided = match self.admission.admit_now(resource, t) {
+            Some(now) => now,
+            None => Box::pin(
+                self.admission
+                    .admit(resource, t, route.settings.drain_timeout),
+            )
             .await
-        {
-            Ok((_, ticket)) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
+            .map(|(_, ticket)| ticket),
+        };
+        match decided {
+            Ok(ticket) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
             Err(Refused::Stale { mark, .. }) => {
                 if let Some(c) = &route.metrics.stale {
                     c.inc();
