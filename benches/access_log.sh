@@ -38,41 +38,9 @@ trap cleanup EXIT
 
 UP=$(free_port); OFF=$(free_port); OFF_ADM=$(free_port); ON=$(free_port); ON_ADM=$(free_port)
 
-cat >"$WORK/upstream.conf" <<CONF
-worker_processes 1;
-pid $WORK/upstream.pid;
-error_log $WORK/upstream.err warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP reuseport; location / { return 200 "ok\n"; } }
-}
-CONF
-palisade_conf() { # dir listen admin [access log table]
-  mkdir -p "$1"
-  cat >"$1/palisade.toml" <<CONF
-[proxy]
-listen = "127.0.0.1:$2"
-workers = 1
-[admin]
-listen = "127.0.0.1:$3"
-[marks]
-store = "file"
-path = "marks.json"
-[[upstream]]
-name = "legacy"
-url = "http://127.0.0.1:$UP"
-[[route]]
-name = "bench"
-upstream = "legacy"
-path_prefix = "/"
-resource = "bench"
-$4
-CONF
-}
-palisade_conf "$WORK/off" "$OFF" "$OFF_ADM" ""
-palisade_conf "$WORK/on" "$ON" "$ON_ADM" $'[access_log]\nformat = "json"\npath = "access.log"'
+upstream_conf "$WORK/upstream.conf" "$UP"
+palisade_conf "$WORK/off/palisade.toml" "$OFF" "$OFF_ADM" "$UP"
+palisade_conf "$WORK/on/palisade.toml" "$ON" "$ON_ADM" "$UP" http1 $'[access_log]\nformat = "json"\npath = "access.log"'
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/off/palisade.toml" 2>"$WORK/off.log" & PIDS+=($!)
@@ -86,7 +54,6 @@ run_wrk() { # port conns -> rps
   if grep -q "Non-2xx" <<<"$out"; then echo "non-2xx responses:" >&2; echo "$out" >&2; exit 1; fi
   awk '/^Requests\/sec:/ {print $2}' <<<"$out"
 }
-median() { sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 metric() { # admin-port series
   exec 3<>"/dev/tcp/127.0.0.1/$1"; printf 'GET /metrics HTTP/1.0\r\n\r\n' >&3
   awk -v s="$2" 'index($0, s" ") == 1 {print $2}' <&3; exec 3>&-

@@ -42,3 +42,54 @@ fi
 p99_ms() {
   awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub(/us$/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms$/,"",v)} else if (v ~ /s$/) {sub(/s$/,"",v); v*=1000}; print v}'
 }
+
+# upstream_conf FILE PORT [http2]: an nginx (1 worker) answering `200 ok` on PORT, the upstream
+# every load script puts behind the proxies; with `http2`, over h2c.
+upstream_conf() {
+  local dir; dir=$(dirname "$1")
+  cat >"$1" <<CONF
+worker_processes 1;
+pid $dir/upstream.pid;
+error_log $dir/upstream.err warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  http2_max_concurrent_streams 1024;
+  server { listen 127.0.0.1:$2 ${3:-reuseport}; location / { return 200 "ok\n"; } }
+}
+CONF
+}
+
+# palisade_conf FILE LISTEN ADMIN UPSTREAM_PORT [PROTOCOL] [EXTRA]: palisade with one worker,
+# the file store and one guarded route "bench" (resource "bench") to the upstream; EXTRA is
+# appended (e.g. an [access_log] table).
+palisade_conf() {
+  mkdir -p "$(dirname "$1")"
+  cat >"$1" <<CONF
+[proxy]
+listen = "127.0.0.1:$2"
+workers = 1
+[admin]
+listen = "127.0.0.1:$3"
+[marks]
+store = "file"
+path = "marks.json"
+[[upstream]]
+name = "legacy"
+url = "http://127.0.0.1:$4"
+protocol = "${5:-http1}"
+[[route]]
+name = "bench"
+upstream = "legacy"
+path_prefix = "/"
+resource = "bench"
+${6:-}
+CONF
+}
+
+# The median of the numbers on stdin.
+median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+
+# CPU clock ticks (user + system) process $1 has used; 0 without a pid.
+cpu_ticks() { if [[ -n ${1:-} ]]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }

@@ -29,18 +29,7 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 UP=$(free_port); NGX=$(free_port); PAL=$(free_port); ADM=$(free_port)
-cat >"$WORK/upstream.conf" <<CONF
-worker_processes 1;
-pid $WORK/upstream.pid;
-error_log $WORK/upstream.err warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  http2_max_concurrent_streams 1024;
-  server { listen 127.0.0.1:$UP http2; location / { return 200 "ok\n"; } }
-}
-CONF
+upstream_conf "$WORK/upstream.conf" "$UP" http2
 cat >"$WORK/nginx.conf" <<CONF
 worker_processes 1;
 pid $WORK/nginx.pid;
@@ -54,25 +43,7 @@ http {
   server { listen 127.0.0.1:$NGX http2; location / { grpc_pass grpc://legacy; } }
 }
 CONF
-cat >"$WORK/palisade.toml" <<CONF
-[proxy]
-listen = "127.0.0.1:$PAL"
-workers = 1
-[admin]
-listen = "127.0.0.1:$ADM"
-[marks]
-store = "file"
-path = "marks.json"
-[[upstream]]
-name = "legacy"
-url = "http://127.0.0.1:$UP"
-protocol = "h2c"
-[[route]]
-name = "bench"
-upstream = "legacy"
-path_prefix = "/"
-resource = "bench"
-CONF
+palisade_conf "$WORK/palisade.toml" "$PAL" "$ADM" "$UP" h2c
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 "${PROXY_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' & PIDS+=($!)
@@ -85,7 +56,6 @@ NAMES=(palisade nginx direct)
 declare -A PORT=([palisade]=$PAL [nginx]=$NGX [direct]=$UP)
 declare -A PID=([palisade]=$PAL_PID [nginx]=$NGINX_WORKER [direct]=)
 TICK=$(getconf CLK_TCK)
-cpu_ticks() { [[ -n $1 ]] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
 
 run_h2load() { # name CxS -> "rps cpu_us_per_req"
   local port=${PORT[$1]} pid=${PID[$1]} c=${2%x*} m=${2#*x} out t0 t1 n
@@ -97,7 +67,6 @@ run_h2load() { # name CxS -> "rps cpu_us_per_req"
   if ! grep -q " 0 failed, 0 errored" <<<"$out" || [[ ${n:-0} -eq 0 ]]; then echo "$1: failures:" >&2; echo "$out" >&2; exit 1; fi
   echo "$(awk '/^finished in/ {print $4}' <<<"$out") $(awk -v a="$t0" -v b="$t1" -v n="$n" -v t="$TICK" 'BEGIN {printf "%.2f", (b - a) * 1e6 / t / n}')"
 }
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 
 echo "palisade h2c load test: $(nproc) cores, $PIN, h2load, ${ROUNDS} rounds of ${DURATION}s, medians"
 RESULTS="$WORK/results"

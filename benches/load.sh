@@ -42,17 +42,7 @@ trap cleanup EXIT
 UP=$(free_port); NGX=$(free_port); HAP=$(free_port); PAL=$(free_port); ADM=$(free_port)
 BPAL=$(free_port); BADM=$(free_port)
 
-cat >"$WORK/upstream.conf" <<CONF
-worker_processes 1;
-pid $WORK/upstream.pid;
-error_log $WORK/upstream.err warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  server { listen 127.0.0.1:$UP reuseport; location / { return 200 "ok\n"; } }
-}
-CONF
+upstream_conf "$WORK/upstream.conf" "$UP"
 cat >"$WORK/nginx.conf" <<CONF
 worker_processes 1;
 pid $WORK/nginx.pid;
@@ -88,24 +78,7 @@ frontend fe
 backend be
   server up 127.0.0.1:$UP
 CONF
-cat >"$WORK/palisade.toml" <<CONF
-[proxy]
-listen = "127.0.0.1:$PAL"
-workers = 1
-[admin]
-listen = "127.0.0.1:$ADM"
-[marks]
-store = "file"
-path = "marks.json"
-[[upstream]]
-name = "legacy"
-url = "http://127.0.0.1:$UP"
-[[route]]
-name = "bench"
-upstream = "legacy"
-path_prefix = "/"
-resource = "bench"
-CONF
+palisade_conf "$WORK/palisade.toml" "$PAL" "$ADM" "$UP"
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 "${PROXY_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' & PIDS+=($!)
@@ -128,7 +101,6 @@ if [[ -n ${BASELINE:-} ]]; then
   wait_port "$BPAL"
 fi
 
-cpu_ticks() { [[ -n $1 ]] && awk '{print $14 + $15}' "/proc/$1/stat" || echo 0; }
 TICK=$(getconf CLK_TCK)
 
 run_wrk() { # name conns -> "rps p99_ms cpu_us_per_req"
@@ -141,8 +113,6 @@ run_wrk() { # name conns -> "rps p99_ms cpu_us_per_req"
   n=$(awk '/requests in/ {print $1}' <<<"$out")
   echo "$(awk '/^Requests\/sec:/ {print $2}' <<<"$out") $(p99_ms <<<"$out") $(awk -v a="$t0" -v b="$t1" -v n="$n" -v t="$TICK" 'BEGIN {printf "%.2f", (b - a) * 1e6 / t / n}')"
 }
-
-median() { sort -g | awk '{a[NR]=$1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 
 echo "palisade load test: $(nproc) cores, $PIN, wrk -t1, ${ROUNDS} rounds of ${DURATION}s, medians"
 RESULTS="$WORK/results"
