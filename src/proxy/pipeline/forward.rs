@@ -25,7 +25,7 @@ const ABORT_HOLD: std::time::Duration = std::time::Duration::from_secs(30);
 pub(super) enum Forwarded {
     /// The upstream answered (with the connection the body streams on, for HTTP/1.1), or
     /// failed.
-    Answered(Result<(Response<Incoming>, Option<Held>), Rejection>),
+    Answered(Answer),
     /// A newer owner's drain ran out of time and aborted the request.
     Aborted,
 }
@@ -61,14 +61,7 @@ pub(super) async fn forward(
             };
             // HTTP/1.1: dropping the exchange closes the upstream connection, before the body
             // is complete if it was still being sent, so the upstream never sees its end.
-            match aborted {
-                None => Forwarded::Answered(call.await),
-                Some(generation) => tokio::select! {
-                    biased;
-                    () = generation.aborted() => Forwarded::Aborted,
-                    r = call => Forwarded::Answered(r),
-                },
-            }
+            abortable(call, aborted).await
         }
         Via::Pooled(client) => {
             // The pooled client's future is `Unpin` and owns everything: an aborted request
@@ -116,6 +109,26 @@ pub(super) async fn forward(
         }
     }
 }
+
+/// Runs `call`, or gives [`Forwarded::Aborted`] as soon as a newer owner's drain aborts the
+/// request (`aborted`); `call` is then dropped, which closes its connection.
+pub(super) async fn abortable(
+    call: impl std::future::Future<Output = Answer>,
+    aborted: Option<&Arc<Generation>>,
+) -> Forwarded {
+    match aborted {
+        None => Forwarded::Answered(call.await),
+        Some(generation) => tokio::select! {
+            biased;
+            () = generation.aborted() => Forwarded::Aborted,
+            r = call => Forwarded::Answered(r),
+        },
+    }
+}
+
+/// What an upstream exchange gives: the response head (with the connection its body streams
+/// on, for HTTP/1.1), or the refusal to send.
+pub(super) type Answer = Result<(Response<Incoming>, Option<Held>), Rejection>;
 
 pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();

@@ -20,7 +20,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
 use super::body::{InflightGuard, RequestBody};
-use super::forward::{error_chain, Forwarded};
+use super::forward::{abortable, error_chain, Forwarded};
 use super::upstream::Upstream;
 use crate::config::RouteSettings;
 use crate::drain::{Generation, Ticket};
@@ -87,14 +87,7 @@ pub(super) async fn forward(
         };
         resp.map(|r| (r, None)).map_err(|e| failed(&e))
     };
-    match aborted {
-        None => Forwarded::Answered(call.await),
-        Some(generation) => tokio::select! {
-            biased;
-            () = generation.aborted() => Forwarded::Aborted,
-            r = call => Forwarded::Answered(r),
-        },
-    }
+    abortable(call, aborted).await
 }
 
 /// Copies bytes between the client's and the upstream's upgraded connections until one side
