@@ -21,7 +21,7 @@ use axum::Router;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::Request;
 use palisade::admission::Admission;
-use palisade::{FenceLayer, MemoryStore, Metrics};
+use palisade::{FenceLayer, FencingToken, MemoryStore, Metrics};
 use tower::ServiceExt;
 
 fn bench(c: &mut Criterion) {
@@ -36,7 +36,7 @@ fn bench(c: &mut Criterion) {
     });
     let plain = Router::new().route("/orders/{id}", post(|| async { "ok" }));
     let identity = plain.clone().layer(tower::layer::util::Identity::new());
-    let layer = FenceLayer::new(admission, "orders");
+    let layer = FenceLayer::new(Arc::clone(&admission), "orders");
     let fenced = plain.clone().layer(layer.clone());
     let around = tower::Layer::layer(&layer, plain.clone());
     let request = || {
@@ -57,6 +57,35 @@ fn bench(c: &mut Criterion) {
     });
     g.bench_function("around_router", |b| {
         b.iter_custom(|n| run(&rt, n, || around.clone().oneshot(request())))
+    });
+    g.finish();
+
+    // Where the layer's time goes, piece by piece, on the same request.
+    let mut g = c.benchmark_group("layer_parts");
+    let header = http::HeaderName::from_static("x-fencing-token");
+    let req = request();
+    g.bench_function("token_from_headers", |b| {
+        b.iter(|| palisade::token::from_headers(std::hint::black_box(req.headers()), &header))
+    });
+    g.bench_function("token_in_extensions", |b| {
+        b.iter(|| {
+            let mut ext = http::Extensions::new();
+            ext.insert(FencingToken::new(51).unwrap());
+            std::hint::black_box(ext)
+        })
+    });
+    let resource = admission.resource("orders").unwrap();
+    let token = FencingToken::new(51).unwrap();
+    g.bench_function("admit_now_and_drop", |b| {
+        b.iter(|| admission.admit_now(&resource, std::hint::black_box(token)))
+    });
+    g.bench_function("admit_split_and_drop", |b| {
+        b.iter(
+            || match admission.admit_now(&resource, std::hint::black_box(token)) {
+                Some(Ok(t)) => std::hint::black_box(t.split()),
+                _ => unreachable!(),
+            },
+        )
     });
     g.finish();
 }

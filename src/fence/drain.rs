@@ -153,8 +153,8 @@ impl Cohort {
         &self.generation
     }
 
-    /// How many requests are in flight (a snapshot; see the module docs for why a zero read
-    /// after `superseded` is set is final).
+    /// The weight in flight ([`ticket::requests`] turns it into requests); a snapshot (see
+    /// the module docs for why a zero read after `superseded` is set is final).
     fn in_flight(&self) -> u64 {
         self.shards.iter().map(|s| s.in_flight()).sum()
     }
@@ -289,13 +289,13 @@ impl Drain {
         let started = Instant::now();
         let mut aborted = 0;
         if !old.wait_drained(started + timeout).await {
-            aborted = old.in_flight();
+            aborted = ticket::requests(old.in_flight());
             let g = &old.generation;
             g.aborted.store(true, SeqCst);
             g.abort_notify.notify_waiters();
             if !old.wait_drained(Instant::now() + ABORT_GRACE).await {
                 tracing::error!(
-                    left = old.in_flight(),
+                    left = ticket::requests(old.in_flight()),
                     "aborted requests did not end within the abort grace; going on: none of \
                      them can send more body bytes"
                 );

@@ -117,3 +117,45 @@ fn a_drain_never_ends_while_a_request_under_an_older_mark_is_registered() {
     let entered: u64 = admitters.into_iter().map(|h| h.join().unwrap()).sum();
     assert!(entered > ROUNDS, "the admitters barely ran: {entered}");
 }
+
+/// A split request stays counted until both halves are given back (in either order), and an
+/// abort reports it as one request, not two.
+#[tokio::test(start_paused = true)]
+async fn a_split_request_counts_once_until_both_halves_end() {
+    let d = Drain::new(5);
+    let Entry::Entered(t) = d.enter(5) else {
+        panic!()
+    };
+    let (body, response) = t.split();
+    let (next, old) = d.install(6);
+    drop(response);
+    // One half left: the drain cannot end, and times out with one request aborted.
+    let drained = d.finish(&next, &old, Duration::from_millis(100)).await;
+    assert_eq!(drained.aborted, 1);
+    assert!(body.generation().is_aborted());
+    drop(body);
+    assert_eq!(old.in_flight(), 0);
+    drop(next); // the advancing request's exchange is over
+
+    // Both halves alive: still one request; released body first, then response.
+    let Entry::Entered(t) = d.enter(6) else {
+        panic!()
+    };
+    let (body, response) = t.split();
+    let (again, old) = d.install(7);
+    let finish = d.finish(&again, &old, Duration::from_secs(1));
+    tokio::pin!(finish);
+    tokio::select! {
+        _ = &mut finish => panic!("drained with both halves in flight"),
+        () = tokio::time::sleep(Duration::from_millis(10)) => {}
+    }
+    drop(body);
+    tokio::select! {
+        _ = &mut finish => panic!("drained with the response half in flight"),
+        () = tokio::time::sleep(Duration::from_millis(10)) => {}
+    }
+    drop(response);
+    let drained = finish.await;
+    assert_eq!(drained.aborted, 0);
+    assert_eq!(drained.waited, Duration::from_millis(20));
+}

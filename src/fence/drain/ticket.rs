@@ -19,8 +19,10 @@ pub(super) const SHARDS: usize = 8;
 #[derive(Debug)]
 #[repr(align(64))]
 pub(super) struct Shard {
-    /// Requests in flight that counted in here. A ticket gives its count back to the shard it
-    /// took it from, so every shard stays non-negative and their sum is the number in flight.
+    /// Weight in flight that counted in here: [`WHOLE`] per request, or [`HALF`] for each of
+    /// the two halves still held of a split one. A ticket gives its weight back to the shard it
+    /// took it from, so every shard stays non-negative and their sum is 0 exactly when no
+    /// request is in flight.
     count: AtomicU64,
     generation: Arc<Generation>,
 }
@@ -37,10 +39,24 @@ impl Shard {
         &self.generation
     }
 
-    /// `SeqCst`: the advance's half of the store-buffer pattern reads these after `superseded`.
+    /// The weight in flight (see [`requests`] for a count of requests). `SeqCst`: the
+    /// advance's half of the store-buffer pattern reads these after `superseded`.
     pub(super) fn in_flight(&self) -> u64 {
         self.count.load(SeqCst)
     }
+}
+
+/// A whole request's weight in a shard's count.
+const WHOLE: u64 = 2;
+/// The weight of each half of a split request: splitting changes no count (and allocates
+/// nothing), and the request stays counted until both halves are given back.
+const HALF: u64 = 1;
+
+/// The number of requests a summed weight stands for: a request of which one half is left
+/// counts as one, two such requests in one sum as one too (an approximation of the abort
+/// metric only; a drain waits for a sum of 0, which is exact).
+pub(super) fn requests(weight: u64) -> u64 {
+    weight.div_ceil(WHOLE)
 }
 
 /// How many cohorts' shards a thread keeps (one per resource it admits for, the oldest
@@ -112,28 +128,35 @@ pub(super) fn cache(id: u64, shard: &Arc<Shard>) {
     });
 }
 
-/// One count in a shard, given back when dropped.
+/// One request's weight in a shard, given back when dropped.
 #[derive(Debug)]
-pub(super) struct Counted(Arc<Shard>);
+pub(super) struct Counted {
+    shard: Arc<Shard>,
+    weight: u64,
+}
 
 impl Counted {
-    /// Counts in `shard` (`SeqCst`: the request's half of the store-buffer pattern).
+    /// Counts a whole request in `shard` (`SeqCst`: the request's half of the store-buffer
+    /// pattern).
     #[inline(always)]
     pub(super) fn take(shard: Arc<Shard>) -> Self {
-        shard.count.fetch_add(1, SeqCst);
-        Self(shard)
+        shard.count.fetch_add(WHOLE, SeqCst);
+        Self {
+            shard,
+            weight: WHOLE,
+        }
     }
 
     pub(super) fn generation(&self) -> &Arc<Generation> {
-        &self.0.generation
+        &self.shard.generation
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
-        self.0.count.fetch_sub(1, SeqCst);
+        self.shard.count.fetch_sub(self.weight, SeqCst);
         // After the count (both `SeqCst`): a drainer whose sum missed this leave is woken.
-        let g = &self.0.generation;
+        let g = &self.shard.generation;
         if g.superseded.load(SeqCst) {
             g.drained.notify_waiters();
         }
@@ -142,43 +165,38 @@ impl Drop for Counted {
 
 /// One request in flight under a generation (or one half of it: see [`Ticket::split`]).
 #[derive(Debug)]
-pub struct Ticket(Hold);
-
-#[derive(Debug)]
-enum Hold {
-    /// The whole request.
-    Whole(Counted),
-    /// One of the two halves of a request, which share its one count.
-    Half(Arc<Counted>),
-}
+pub struct Ticket(Counted);
 
 impl Ticket {
     #[inline(always)]
     pub(super) fn whole(counted: Counted) -> Self {
-        Ticket(Hold::Whole(counted))
+        Ticket(counted)
     }
 
     /// The generation this ticket counts in.
     pub fn generation(&self) -> &Arc<Generation> {
-        match &self.0 {
-            Hold::Whole(c) => c.generation(),
-            Hold::Half(c) => c.generation(),
-        }
+        self.0.generation()
     }
 
     /// Two tickets for the same request, so that the request body and the response body
-    /// (which end at different times, in different tasks) each hold one. The request still
-    /// counts once (a drain's abort reports requests, not halves) and leaves its generation
-    /// when both halves are dropped.
-    pub fn split(self) -> (Ticket, Ticket) {
-        let shared = match self.0 {
-            Hold::Whole(c) => Arc::new(c),
-            Hold::Half(c) => c,
+    /// (which end at different times, in different tasks) each hold one. The request leaves
+    /// its generation when both are dropped. A whole request's weight is shared out between
+    /// the halves: no allocation and no atomic count, one more reference to the shard. (A
+    /// half split again adds one more half's weight while it still holds its own, so the sum
+    /// cannot have reached 0: still exact for the drain.)
+    #[inline]
+    pub fn split(mut self) -> (Ticket, Ticket) {
+        let shard = Arc::clone(&self.0.shard);
+        if self.0.weight >= WHOLE {
+            self.0.weight -= HALF;
+        } else {
+            shard.count.fetch_add(HALF, SeqCst);
+        }
+        let other = Counted {
+            shard,
+            weight: HALF,
         };
-        (
-            Ticket(Hold::Half(Arc::clone(&shared))),
-            Ticket(Hold::Half(shared)),
-        )
+        (self, Ticket(other))
     }
 
     /// A future that resolves when this ticket's generation is aborted, owned so that a body
