@@ -111,6 +111,8 @@ pub struct App {
     access_logs: AccessLogs,
     limits: server::Limits,
     routes: usize,
+    /// `[proxy] http1_fast_path`.
+    fast_path: bool,
 }
 
 impl App {
@@ -155,6 +157,7 @@ impl App {
                 .map(|t| Arc::new(ArcSwap::new(Arc::clone(&t.server)))),
         };
         let routes = config.routes.len();
+        let fast_path = p.http1_fast_path;
         let reloader = Reloader::new(
             Arc::clone(&current),
             config,
@@ -172,6 +175,7 @@ impl App {
             access_logs,
             limits,
             routes,
+            fast_path,
         })
     }
 
@@ -192,6 +196,7 @@ impl App {
             access_logs,
             limits,
             routes,
+            fast_path,
         } = self;
         // The admin listener is for operators and scrapers: a few connections are plenty, and
         // its own budget means a flood of connections on the data path does not lock
@@ -217,6 +222,7 @@ impl App {
                 },
                 admin_limits,
                 Some(metrics.connections("admin")),
+                None,
             ))
         });
         tracing::info!(
@@ -227,6 +233,11 @@ impl App {
             "palisade listening"
         );
         let serving = Arc::clone(&current);
+        let first = fast_path.then(|| {
+            let current = Arc::clone(&current);
+            Arc::new(move |conn| crate::proxy::pipeline::fast::serve(Arc::clone(&current), conn))
+                as server::FirstHandler<Affinity>
+        });
         server::serve_with(
             listeners.proxy,
             move |req, peer: server::Peer, affinity: &Arc<Affinity>| {
@@ -239,6 +250,7 @@ impl App {
             shutdown,
             limits,
             Some(metrics.connections("proxy")),
+            first,
         )
         .await;
         drop(stop_tx);

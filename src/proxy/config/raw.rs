@@ -33,6 +33,8 @@ pub(super) struct Proxy {
     #[serde(default)]
     pub(super) require_nfkc_paths: bool,
     pub(super) max_header_bytes: Option<Spanned<usize>>,
+    #[serde(default = "default_fast_path")]
+    pub(super) http1_fast_path: bool,
     pub(super) tls: Option<Tls>,
 }
 
@@ -124,6 +126,11 @@ pub(super) struct Route {
     pub(super) websocket: Option<Spanned<bool>>,
 }
 
+/// `[proxy] http1_fast_path` when the file does not say: see `Proxy::http1_fast_path`'s docs
+/// (`crate::config::ProxySettings`).
+fn default_fast_path() -> bool {
+    crate::config::DEFAULT_HTTP1_FAST_PATH
+}
 fn default_grace() -> u64 {
     10_000
 }

@@ -93,6 +93,7 @@ impl Validator<'_> {
             http2_keepalive_interval: (p.http2_keepalive_interval_ms > 0)
                 .then(|| Duration::from_millis(p.http2_keepalive_interval_ms)),
             require_nfkc_paths: p.require_nfkc_paths,
+            http1_fast_path: p.http1_fast_path,
             tls: match p.tls {
                 None => None,
                 Some(t) => Some(self.tls(t)?),

@@ -71,14 +71,15 @@ impl UpConn {
     }
 }
 
-/// The upstream's shared cache of idle connections, most recently used last.
-pub(super) struct IdlePool {
-    idle: Mutex<Vec<(Instant, UpConn)>>,
+/// The upstream's shared cache of idle connections, most recently used last: hyper's
+/// connections ([`UpConn`]) for the affine path, raw sockets for the HTTP/1.1 fast path.
+pub(super) struct IdlePool<T = UpConn> {
+    idle: Mutex<Vec<(Instant, T)>>,
     /// An idle connection older than this is closed rather than reused (`idle_timeout_ms`).
     timeout: Duration,
 }
 
-impl IdlePool {
+impl<T> IdlePool<T> {
     pub(super) fn new(timeout: Duration) -> Self {
         Self {
             idle: Mutex::new(Vec::new()),
@@ -86,7 +87,8 @@ impl IdlePool {
         }
     }
 
-    fn put(&self, since: Instant, c: UpConn) {
+    /// Keeps `c`, idle since `since`, unless the pool is full or `c` idled too long.
+    pub(super) fn put(&self, since: Instant, c: T) {
         let now = Instant::now();
         let mut idle = self
             .idle
@@ -98,7 +100,8 @@ impl IdlePool {
         }
     }
 
-    fn take(&self) -> Option<UpConn> {
+    /// The most recently used connection that has not idled too long.
+    pub(super) fn take(&self) -> Option<T> {
         let now = Instant::now();
         let mut idle = self
             .idle

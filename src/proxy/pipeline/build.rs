@@ -55,7 +55,7 @@ impl Proxy {
         access_log: Option<Arc<AccessLog>>,
     ) -> (Self, CarriedOver) {
         let mut carried = CarriedOver::default();
-        let upstreams = config
+        let upstreams: Vec<Arc<Upstream>> = config
             .upstreams
             .iter()
             .map(|s| {
@@ -72,7 +72,7 @@ impl Proxy {
                 }
             })
             .collect();
-        let routes = config
+        let routes: Vec<Route> = config
             .routes
             .iter()
             .map(|r| Route {
@@ -89,7 +89,11 @@ impl Proxy {
                 }),
             })
             .collect();
+        let all_fast = routes
+            .iter()
+            .all(|r| Proxy::fast_route(r, &upstreams));
         let proxy = Self {
+            all_fast,
             routes,
             upstreams,
             header: config.fencing.header.clone(),

@@ -8,6 +8,7 @@ mod affine;
 mod body;
 mod build;
 mod dial;
+pub mod fast;
 mod forward;
 mod note;
 mod refuse;
@@ -37,7 +38,7 @@ use self::body::{BodyLimit, InflightGuard};
 use self::forward::{forward, Forwarded};
 use self::note::{Logged, Note};
 use self::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
-use self::rewrite::{prepare, strip_hop_by_hop, Forward};
+use self::rewrite::{prepare, strip_hop_by_hop, Forward, Head};
 use self::upstream::Upstream;
 use crate::access_log::AccessLog;
 use crate::admission::{Admission, Resource};
@@ -45,7 +46,7 @@ use crate::config::{GetBodies, RouteSettings};
 use crate::drain::Ticket;
 use crate::metrics::{Outcome, Outcomes, RouteMetrics};
 use crate::path::{self, PathError};
-use crate::reject::{Context, Rejection};
+use crate::reject::Rejection;
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub type ProxyBody = Either<Tracked, Full<Bytes>>;
@@ -61,6 +62,8 @@ pub struct Proxy {
     admission: Arc<Admission>,
     // Requests that never matched a route count under route="".
     unrouted: Outcomes,
+    /// Every route can take the HTTP/1.1 fast path: it need not route a request to know.
+    all_fast: bool,
     access_log: Option<Arc<AccessLog>>,
 }
 
@@ -70,6 +73,26 @@ struct Route {
     metrics: RouteMetrics,
     /// The `Allow` header of a 405 (`other_methods = "reject"`).
     allow: Option<HeaderValue>,
+}
+
+/// A request that passed [`Proxy::admit`]: what the upstream exchange needs to know.
+struct Admitted<'a> {
+    route: &'a Route,
+    upstream: &'a Arc<Upstream>,
+    outcome: Outcome,
+    token: Option<u64>,
+    /// A guarded request's drain ticket: held until its upstream exchange is over.
+    ticket: Option<Ticket>,
+    /// The normal form of the path, when it differs from the request's.
+    rewritten: Option<String>,
+    /// The client's `host[:port]` without its trailing dot, when it had one.
+    normalized_host: Option<String>,
+    /// A body on a bodiless method: close the upstream connection after this request.
+    close_upstream: bool,
+    /// `max_body_bytes` for a body whose length is not known up front.
+    limit: Option<BodyLimit>,
+    inflight: InflightGuard,
+    grpc: Option<HeaderValue>,
 }
 
 /// Which route, if any, takes a request.
@@ -119,16 +142,19 @@ impl Proxy {
         resp
     }
 
-    /// [`Proxy::handle`], noting what it decided in `note`.
-    async fn serve<'a>(
+    /// Everything before the upstream exchange, shared by hyper's path ([`Proxy::serve`]) and
+    /// the HTTP/1.1 fast path (`fast`): path normal form, host, routing, method rules, the
+    /// GET-body rule, `max_body_bytes` and the fence. Only the request's head is read (and its
+    /// body's size hint): both paths judge a request by exactly the same code.
+    ///
+    /// `Err` is the refusal to send, already counted, logged and noted.
+    async fn admit<'a, B: http_body::Body>(
         &'a self,
-        mut req: Request<Incoming>,
-        client: crate::server::Peer,
-        affinity: &Arc<Affinity>,
+        req: &Request<B>,
+        peer: std::net::SocketAddr,
         started: Instant,
         note: &mut Note<'a>,
-    ) -> Response<ProxyBody> {
-        let peer = client.addr;
+    ) -> Result<Admitted<'a>, Response<Full<Bytes>>> {
         let grpc = grpc_content_type(req.headers());
 
         let normalized = match path::normalize(req.uri().path()) {
@@ -138,27 +164,27 @@ impl Proxy {
         let normalized = match normalized {
             Ok(p) => p,
             Err(e) => {
-                return self.refuse_unrouted(
+                return Err(self.refuse_unrouted(
                     Rejection::BadPath(Box::new(e)),
                     Outcome::Malformed,
                     grpc,
                     peer,
-                    &req,
+                    req,
                     note,
-                )
+                ))
             }
         };
-        let host = match request_host(&req) {
+        let host = match request_host(req) {
             Ok(h) => h,
             Err(why) => {
-                return self.refuse_unrouted(
+                return Err(self.refuse_unrouted(
                     Rejection::BadRequest(why),
                     Outcome::Malformed,
                     grpc,
                     peer,
-                    &req,
+                    req,
                     note,
-                )
+                ))
             }
         };
         let route = match self.route(req.method(), host.host, &path::match_key(&normalized)) {
@@ -178,23 +204,23 @@ impl Proxy {
                 if let Some(a) = allow {
                     resp.headers_mut().insert(http::header::ALLOW, a);
                 }
-                return resp;
+                return Err(resp);
             }
             Routed::Nowhere => {
-                return self.refuse_unrouted(
+                return Err(self.refuse_unrouted(
                     Rejection::NoRoute,
                     Outcome::NoRoute,
                     grpc,
                     peer,
-                    &req,
+                    req,
                     note,
-                )
+                ))
             }
         };
         note.route = Some(route);
         // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
         // the next request on its connection, a request palisade never checked.
-        let close_upstream = is_bodiless_method(req.method()) && has_body(&req);
+        let close_upstream = is_bodiless_method(req.method()) && has_body(req);
         if close_upstream && route.settings.get_bodies == GetBodies::Reject {
             let why = Rejection::BadRequest(
                 "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
@@ -211,7 +237,7 @@ impl Proxy {
             // The unread body must not be parsed as this connection's next request either.
             resp.headers_mut()
                 .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-            return resp;
+            return Err(resp);
         }
         // Routing judged the host without a trailing dot; the upstream must see the same.
         let normalized_host = host.trailing_dot.then(|| match host.port {
@@ -229,7 +255,7 @@ impl Proxy {
                 Some(n) if n > max => {
                     let why = Rejection::BodyTooLarge { limit: max };
                     let refused = (Outcome::TooLarge, None);
-                    return self.refuse(route, why, refused, grpc, peer, started, note);
+                    return Err(self.refuse(route, why, refused, grpc, peer, started, note));
                 }
                 Some(_) => None,
                 None => Some(BodyLimit {
@@ -239,14 +265,12 @@ impl Proxy {
                 }),
             },
         };
-        let too_large = limit.as_ref().map(|l| Arc::clone(&l.hit));
-        let m = &route.metrics;
-        let inflight = InflightGuard::new(&m.inflight);
+        let inflight = InflightGuard::new(&route.metrics.inflight);
 
         let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
             Ok(admitted) => admitted,
             Err((rejection, outcome, token)) => {
-                return self.refuse(
+                return Err(self.refuse(
                     route,
                     rejection,
                     (outcome, token),
@@ -254,13 +278,56 @@ impl Proxy {
                     peer,
                     started,
                     note,
-                )
+                ))
             }
         };
-
         let upstream = &self.upstreams[route.settings.upstream];
         note.upstream = Some(&upstream.settings.name);
         note.token = token;
+        Ok(Admitted {
+            route,
+            upstream,
+            outcome,
+            token,
+            ticket,
+            rewritten,
+            normalized_host,
+            close_upstream,
+            limit,
+            inflight,
+            grpc,
+        })
+    }
+
+    /// [`Proxy::handle`], noting what it decided in `note`.
+    async fn serve<'a>(
+        &'a self,
+        mut req: Request<Incoming>,
+        client: crate::server::Peer,
+        affinity: &Arc<Affinity>,
+        started: Instant,
+        note: &mut Note<'a>,
+    ) -> Response<ProxyBody> {
+        let peer = client.addr;
+        let Admitted {
+            route,
+            upstream,
+            outcome,
+            token,
+            ticket,
+            rewritten,
+            normalized_host,
+            close_upstream,
+            limit,
+            inflight,
+            grpc,
+        } = match self.admit(&req, peer, started, note).await {
+            Ok(a) => a,
+            Err(refused) => return refused.map(Either::Right),
+        };
+        let too_large = limit.as_ref().map(|l| Arc::clone(&l.hit));
+        let m = &route.metrics;
+
         // The request body and the response each hold a half of the drain ticket: the exchange
         // counts as in flight until both are over.
         let (ticket, body_ticket) = match ticket.map(Ticket::split) {
@@ -275,14 +342,16 @@ impl Proxy {
         let mut req = prepare(
             req,
             Forward {
-                route: &route.settings,
-                token_header: &self.header,
-                upstream,
-                rewritten_path: rewritten,
-                normalized_host,
-                peer,
-                close: close_upstream,
-                https: client.tls,
+                head: Head {
+                    route: &route.settings,
+                    token_header: &self.header,
+                    upstream,
+                    rewritten_path: rewritten,
+                    normalized_host,
+                    peer,
+                    close: close_upstream,
+                    https: client.tls,
+                },
                 ticket: body_ticket,
                 limit,
             },
@@ -304,7 +373,11 @@ impl Proxy {
         };
         let result = match forwarded {
             Forwarded::Answered(r) => r,
-            Forwarded::Aborted => return self.aborted(route, token, grpc, peer, started, note),
+            Forwarded::Aborted => {
+                return self
+                    .aborted(route, token, grpc, peer, started, note)
+                    .map(Either::Right)
+            }
         };
         // The body went over `max_body_bytes` while streaming: the upstream got no complete
         // request, and the client gets 413, not 502.
@@ -312,7 +385,9 @@ impl Proxy {
             let limit = route.settings.max_body_bytes.unwrap_or_default();
             let why = Rejection::BodyTooLarge { limit };
             let refused = (Outcome::TooLarge, token);
-            return self.refuse(route, why, refused, grpc, peer, started, note);
+            return self
+                .refuse(route, why, refused, grpc, peer, started, note)
+                .map(Either::Right);
         }
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
@@ -340,23 +415,9 @@ impl Proxy {
                     }),
                 )
             }
-            Err(rejection) => {
-                m.count(Outcome::UpstreamError);
-                note.set(Outcome::UpstreamError, token);
-                tracing::warn!(
-                    route = %route.settings.name,
-                    upstream = %upstream.settings.name,
-                    peer = %peer,
-                    error = %rejection,
-                    "upstream request failed"
-                );
-                let ctx = Context {
-                    route: Some(&route.settings.name),
-                    resource: route.resource.as_deref().map(Resource::name),
-                    token,
-                };
-                rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
-            }
+            Err(rejection) => self
+                .upstream_failed(route, upstream, rejection, token, grpc, peer, note)
+                .map(Either::Right),
         }
     }
 }

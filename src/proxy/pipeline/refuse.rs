@@ -6,11 +6,12 @@ use std::time::Instant;
 
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
-use http_body_util::Either;
-use hyper::body::Incoming;
+use bytes::Bytes;
+use http_body_util::Full;
 
 use super::request::token_alias;
-use super::{Note, Proxy, ProxyBody, Route, Routed};
+use super::upstream::Upstream;
+use super::{Note, Proxy, Route, Routed};
 use crate::admission::{Refused, Resource};
 use crate::config::{MissingToken, OtherMethods};
 use crate::drain::Ticket;
@@ -28,7 +29,7 @@ impl Proxy {
         peer: SocketAddr,
         started: Instant,
         note: &mut Note<'_>,
-    ) -> Response<ProxyBody> {
+    ) -> Response<Full<Bytes>> {
         note.set(Outcome::Stale, token);
         let m = &route.metrics;
         let resource = route.resource.as_deref();
@@ -53,7 +54,37 @@ impl Proxy {
             resource: resource.map(Resource::name),
             token,
         };
-        stale.respond(ctx, grpc.as_ref()).map(Either::Right)
+        stale.respond(ctx, grpc.as_ref())
+    }
+
+    /// Answers an admitted request whose upstream exchange failed (502) or timed out (504):
+    /// logged, counted, answered from the table.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn upstream_failed(
+        &self,
+        route: &Route,
+        upstream: &Upstream,
+        rejection: Rejection,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        note: &mut Note<'_>,
+    ) -> Response<Full<Bytes>> {
+        route.metrics.count(Outcome::UpstreamError);
+        note.set(Outcome::UpstreamError, token);
+        tracing::warn!(
+            route = %route.settings.name,
+            upstream = %upstream.settings.name,
+            peer = %peer,
+            error = %rejection,
+            "upstream request failed"
+        );
+        let ctx = Context {
+            route: Some(&route.settings.name),
+            resource: route.resource.as_deref().map(Resource::name),
+            token,
+        };
+        rejection.respond(ctx, grpc.as_ref())
     }
 
     /// Refuses a request that matched `route`: logged, counted, answered from the table.
@@ -67,7 +98,7 @@ impl Proxy {
         peer: SocketAddr,
         started: Instant,
         note: &mut Note<'_>,
-    ) -> Response<ProxyBody> {
+    ) -> Response<Full<Bytes>> {
         note.set(outcome, token);
         let resource = route.resource.as_deref();
         tracing::info!(
@@ -89,7 +120,7 @@ impl Proxy {
             resource: resource.map(Resource::name),
             token,
         };
-        rejection.respond(ctx, grpc.as_ref()).map(Either::Right)
+        rejection.respond(ctx, grpc.as_ref())
     }
 
     /// The token check of a matched route: `Ok((outcome, token))` to forward, or the refusal.
@@ -195,20 +226,18 @@ impl Proxy {
         Routed::Nowhere
     }
 
-    pub(super) fn refuse_unrouted(
+    pub(super) fn refuse_unrouted<B>(
         &self,
         rejection: Rejection,
         outcome: Outcome,
         grpc: Option<HeaderValue>,
         peer: SocketAddr,
-        req: &Request<Incoming>,
+        req: &Request<B>,
         note: &mut Note<'_>,
-    ) -> Response<ProxyBody> {
+    ) -> Response<Full<Bytes>> {
         note.set(outcome, None);
         tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
         self.unrouted.count(outcome);
-        rejection
-            .respond(Context::default(), grpc.as_ref())
-            .map(Either::Right)
+        rejection.respond(Context::default(), grpc.as_ref())
     }
 }

@@ -14,6 +14,15 @@ use crate::config::{Protocol, RouteSettings};
 
 /// What `prepare` needs to know beyond the request itself.
 pub(super) struct Forward<'a> {
+    pub(super) head: Head<'a>,
+    /// The request body's half of a guarded request's drain ticket.
+    pub(super) ticket: Option<crate::drain::Ticket>,
+    /// `max_body_bytes`, counted as the body streams (its length was not known up front).
+    pub(super) limit: Option<super::body::BodyLimit>,
+}
+
+/// What [`rewrite_head`] needs to know beyond the request head itself.
+pub(super) struct Head<'a> {
     pub(super) route: &'a RouteSettings,
     pub(super) token_header: &'a HeaderName,
     pub(super) upstream: &'a Upstream,
@@ -25,15 +34,20 @@ pub(super) struct Forward<'a> {
     pub(super) close: bool,
     /// The client's connection is TLS: `x-forwarded-proto: https`.
     pub(super) https: bool,
-    /// The request body's half of a guarded request's drain ticket.
-    pub(super) ticket: Option<crate::drain::Ticket>,
-    /// `max_body_bytes`, counted as the body streams (its length was not known up front).
-    pub(super) limit: Option<super::body::BodyLimit>,
 }
 
 /// Turns the client's request into the upstream request, in place.
 pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
+    let strip = f.head.route.strip_token.then(|| f.head.token_header.clone());
+    rewrite_head(&mut parts, f.head);
+    Request::from_parts(parts, RequestBody::new(body, strip, f.ticket, f.limit))
+}
+
+/// Turns the client's request head into the upstream's, in place: URI, version, hop-by-hop
+/// headers, the token header, Host and `x-forwarded-*`. hyper's path and the HTTP/1.1 fast
+/// path both call it, so the upstream sees the same head whichever path served the client.
+pub(super) fn rewrite_head(parts: &mut http::request::Parts, f: Head<'_>) {
     let settings = &f.upstream.settings;
     let path_and_query = match (f.rewritten_path, parts.uri.query()) {
         (None, _) => parts.uri.path_and_query().cloned(),
@@ -128,8 +142,6 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
         X_FORWARDED_PROTO,
         HeaderValue::from_static(if f.https { "https" } else { "http" }),
     );
-    let strip = f.route.strip_token.then(|| f.token_header.clone());
-    Request::from_parts(parts, RequestBody::new(body, strip, f.ticket, f.limit))
 }
 
 fn ip_header(ip: std::net::IpAddr) -> HeaderValue {

@@ -16,6 +16,9 @@ pub(super) struct Upstream {
     pub(super) settings: UpstreamSettings,
     pub(super) dialer: Arc<Dialer>,
     pub(super) via: Via,
+    /// Plain `http://` HTTP/1.1 upstreams: idle sockets of the HTTP/1.1 fast path (`fast`),
+    /// which speaks HTTP/1.1 on them itself. `None` for upstreams the fast path never takes.
+    pub(super) raw_idle: Option<Arc<IdlePool<tokio::net::TcpStream>>>,
 }
 
 /// How requests reach an upstream.
@@ -36,10 +39,12 @@ impl Upstream {
             Protocol::Http1 => Via::Affine(Arc::new(IdlePool::new(settings.idle_timeout))),
             Protocol::H2c | Protocol::H2 => Via::Pooled(Box::new(h2c_client(settings, &dialer))),
         };
+        let plain_http1 = settings.protocol == Protocol::Http1 && settings.scheme == http::uri::Scheme::HTTP;
         Self {
             settings: settings.clone(),
             dialer,
             via,
+            raw_idle: plain_http1.then(|| Arc::new(IdlePool::new(settings.idle_timeout))),
         }
     }
 }

@@ -75,6 +75,11 @@ pub(super) fn keep(running: &Config, next: &mut Config) -> Vec<KeptKey> {
             .map_or_else(|| "0".to_owned(), ms),
     );
     check(
+        "proxy.http1_fast_path",
+        r.http1_fast_path.to_string(),
+        n.http1_fast_path.to_string(),
+    );
+    check(
         "proxy.max_header_bytes",
         r.max_header_bytes.to_string(),
         n.max_header_bytes.to_string(),

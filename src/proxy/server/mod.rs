@@ -11,6 +11,7 @@
 //! the accept loop spin (see [`serve_with`]).
 
 mod conn;
+mod handoff;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -32,6 +33,7 @@ use tokio::sync::{mpsc, watch};
 use crate::metrics::ConnMetrics;
 
 pub use conn::Counted;
+pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff, InProgress};
 
 /// What one listener allows a client connection (`[proxy]` keys of DESIGN 5).
 #[derive(Debug, Clone)]
@@ -104,7 +106,7 @@ pub async fn serve<H, F, B>(
         ..Limits::default()
     };
     let handle = move |req, peer: Peer, _: &Arc<()>| handle(req, peer.addr);
-    serve_with(listener, handle, shutdown, limits, None).await;
+    serve_with(listener, handle, shutdown, limits, None, None).await;
 }
 
 /// [`serve`] with explicit [`Limits`], optionally connection metrics, and state of type `C`
@@ -115,12 +117,16 @@ pub async fn serve<H, F, B>(
 /// reserve, accepts the waiting connection and closes it at once, then takes the reserve back:
 /// the kernel's queue drains instead of the same error coming back in a busy loop. Without a
 /// reserve it backs off for 50 ms.
+///
+/// `first`, when given, serves each plain-TCP connection before hyper does (not TLS ones): it
+/// may serve the connection to its end or hand it over to hyper (see [`Handoff`]).
 pub async fn serve_with<H, F, B, C>(
     listener: TcpListener,
     handle: H,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
     metrics: Option<ConnMetrics>,
+    first: Option<FirstHandler<C>>,
 ) where
     H: Fn(Request<Incoming>, Peer, &Arc<C>) -> F + Clone + Send + Sync + 'static,
     C: Default + Send + Sync + 'static,
@@ -141,6 +147,8 @@ pub async fn serve_with<H, F, B, C>(
     if let Some(every) = limits.http2_keepalive_interval {
         h2.keep_alive_interval(every).keep_alive_timeout(every);
     }
+    // Shared by connections that start on `first` and may move to hyper later.
+    let shared_builder = Arc::new(builder.clone());
     let limits = Arc::new(limits);
     let open = Arc::new(AtomicUsize::new(0));
     // Each connection task holds a sender; `recv` returns `None` once all have finished.
@@ -196,13 +204,14 @@ pub async fn serve_with<H, F, B, C>(
         let handle = handle.clone();
         let svc_state = Arc::clone(&state);
         let local = Arc::new(C::default());
+        let svc_local = Arc::clone(&local);
         let client = Peer {
             addr: peer,
             tls: limits.tls.is_some(),
         };
         let svc = service_fn(move |req| {
             let active = svc_state.request_started();
-            let fut = handle(req, client, &local);
+            let fut = handle(req, client, &svc_local);
             async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
         });
         let watch = conn::Watch {
@@ -214,8 +223,33 @@ pub async fn serve_with<H, F, B, C>(
         };
         let counted = Counting::new(&open, metrics.as_ref().map(|m| m.open.clone()), &alive);
         // With upgrades: a WebSocket route answers 101 and takes the connection over.
-        match &limits.tls {
-            None => {
+        match (&limits.tls, &first) {
+            (None, Some(first)) => {
+                let stop = Arc::new(handoff::Stop::default());
+                let served = first(FirstConn {
+                    stream,
+                    peer: client,
+                    local,
+                    activity: Activity {
+                        state: Arc::clone(&state),
+                        stop: Arc::clone(&stop),
+                    },
+                    max_header_bytes: limits.max_header_bytes,
+                });
+                let builder = Arc::clone(&shared_builder);
+                let hyper = move |h: Handoff| {
+                    let io = conn::Watched::new(handoff::Prefixed::new(h.read, h.stream), state);
+                    builder
+                        .serve_connection_with_upgrades(TokioIo::new(io), svc)
+                        .into_owned()
+                };
+                let conn = handoff::Phased::new(served, hyper, stop);
+                tokio::spawn(async move {
+                    watch.drive(conn).await;
+                    drop(counted);
+                });
+            }
+            (None, None) => {
                 let io = conn::Watched::new(stream, state);
                 let conn = builder
                     .serve_connection_with_upgrades(TokioIo::new(io), svc)
@@ -225,7 +259,7 @@ pub async fn serve_with<H, F, B, C>(
                     drop(counted);
                 });
             }
-            Some(tls) => {
+            (Some(tls), _) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.load_full());
                 let builder = builder.clone();
                 tokio::spawn(async move {

@@ -1,0 +1,325 @@
+//! One request on the fast path: judged by [`Proxy::admit`] (hyper's path's own checks),
+//! sent upstream at most once, and answered by relaying the upstream's response as is.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::Method;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::head::Head;
+use super::response::{self, Read, ResponseHead};
+use super::upstream::{self, UpSock};
+use super::{write, After, Conn};
+use crate::proxy::pipeline::forward::error_chain;
+use crate::proxy::pipeline::note::{Logged, Note};
+use crate::proxy::pipeline::rewrite::{self, rewrite_head};
+use crate::proxy::pipeline::upstream::Upstream;
+use crate::proxy::pipeline::{Admitted, Proxy};
+use crate::reject::Rejection;
+
+/// Request body bytes are moved in pieces of at most this size.
+pub(super) const BODY_CHUNK: usize = 16 * 1024;
+
+/// Why an admitted request got no response head.
+enum Failed {
+    /// Answered 502/504 from the table.
+    Upstream(Rejection),
+    /// The client went away (or failed) while its body was being relayed.
+    ClientGone,
+}
+
+/// A response head and the socket its body comes on.
+pub(super) struct Answer {
+    pub(super) head: ResponseHead,
+    pub(super) sock: UpSock,
+    /// The request body reached the upstream whole (it may answer before reading it all).
+    pub(super) sent_whole: bool,
+}
+
+impl Conn {
+    /// Serves the request whose head is `head` (at the start of the buffer).
+    pub(super) async fn exchange(&mut self, proxy: &Proxy, head: Head) -> After {
+        let started = Instant::now();
+        let Head {
+            len,
+            request,
+            body,
+            close,
+        } = head;
+        self.start += len;
+        let head_request = request.method() == Method::HEAD;
+        let mut plain = Note::default();
+        let mut logged = proxy
+            .access_log
+            .as_deref()
+            .map(|log| Logged::new(log, &request, self.peer.addr, started));
+        let note = match &mut logged {
+            Some(l) => &mut l.note,
+            None => &mut plain,
+        };
+        let admitted = match proxy.admit(&request, self.peer.addr, started, note).await {
+            Ok(a) => a,
+            Err(refused) => {
+                let status = refused.status();
+                let close = close || refused.headers().contains_key(http::header::CONNECTION);
+                self.out.clear();
+                write::refusal(&mut self.out, refused, head_request);
+                let after = self.answer_unsent(body, close).await;
+                if let Some(l) = logged {
+                    l.answered(status);
+                }
+                return after;
+            }
+        };
+        let Admitted {
+            route,
+            upstream,
+            outcome,
+            token,
+            ticket,
+            rewritten,
+            normalized_host,
+            close_upstream,
+            limit: _,
+            inflight,
+            grpc,
+        } = admitted;
+        let (mut parts, _) = request.into_parts();
+        rewrite_head(
+            &mut parts,
+            rewrite::Head {
+                route: &route.settings,
+                token_header: &proxy.header,
+                upstream,
+                rewritten_path: rewritten,
+                normalized_host,
+                peer: self.peer.addr,
+                close: close_upstream,
+                https: false,
+            },
+        );
+        self.out.clear();
+        write::request_head(&mut self.out, &parts);
+        // The drain ticket is held until the exchange is over: a newer owner's drain waits for
+        // it, or aborts it. An abort drops the upstream socket (closing it) before the body
+        // went out whole, so the upstream never sees the request's end.
+        let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
+        let limit = route.settings.response_timeout;
+        let sent = async {
+            let send = self.send(upstream, route.settings.connect_timeout, body, head_request);
+            match limit {
+                Some(limit) => tokio::time::timeout(limit, send)
+                    .await
+                    .unwrap_or(Err(Failed::Upstream(Rejection::UpstreamTimeout(limit)))),
+                None => send.await,
+            }
+        };
+        let sent = match &aborted {
+            None => Some(sent.await),
+            Some(generation) => tokio::select! {
+                biased;
+                () = generation.aborted() => None,
+                r = sent => Some(r),
+            },
+        };
+        let grpc2 = grpc.clone();
+        let answer = match sent {
+            None => {
+                let refused = proxy.aborted(route, token, grpc, self.peer.addr, started, note);
+                return self.answer_failed(refused, head_request, logged).await;
+            }
+            Some(Err(Failed::ClientGone)) => return After::Close,
+            Some(Err(Failed::Upstream(rejection))) => {
+                let m = &route.metrics;
+                m.duration.observe(started.elapsed().as_secs_f64());
+                let refused =
+                    proxy.upstream_failed(route, upstream, rejection, token, grpc2, self.peer.addr, note);
+                return self.answer_failed(refused, head_request, logged).await;
+            }
+            Some(Ok(a)) => a,
+        };
+        let m = &route.metrics;
+        m.duration.observe(started.elapsed().as_secs_f64());
+        m.count(outcome);
+        note.set(outcome, token);
+        let status = answer.head.status;
+        let relayed = match &aborted {
+            None => Some(self.relay(proxy, answer, close_upstream).await),
+            Some(generation) => tokio::select! {
+                biased;
+                () = generation.aborted() => None,
+                r = self.relay(proxy, answer, close_upstream) => Some(r),
+            },
+        };
+        drop(ticket);
+        drop(inflight);
+        if let Some(l) = logged {
+            l.answered(status);
+        }
+        match relayed {
+            Some(Ok(after)) if !close => after,
+            // Aborted mid-response, or failed: the client sees the response cut short.
+            _ => After::Close,
+        }
+    }
+
+    /// Writes the response in `out` for a request none of whose body went upstream: the
+    /// connection stays open only when the body is already here to be skipped.
+    async fn answer_unsent(&mut self, body: u64, close: bool) -> After {
+        let here = (self.buf.len() - self.start) as u64;
+        let skip = body <= here;
+        if skip {
+            self.start += usize::try_from(body).unwrap_or(usize::MAX);
+        }
+        if self.client.write_all(&self.out).await.is_err() || close || !skip {
+            return After::Close;
+        }
+        After::KeepAlive
+    }
+
+    /// Writes palisade's answer to a request whose exchange failed; the request's body may be
+    /// partly sent, so the connection is closed.
+    async fn answer_failed(
+        &mut self,
+        refused: http::Response<http_body_util::Full<bytes::Bytes>>,
+        head_request: bool,
+        logged: Option<Logged<'_>>,
+    ) -> After {
+        let status = refused.status();
+        self.out.clear();
+        write::refusal(&mut self.out, refused, head_request);
+        let _ = self.client.write_all(&self.out).await;
+        if let Some(l) = logged {
+            l.answered(status);
+        }
+        After::Close
+    }
+
+    /// Sends the head in `out` and `body` bytes of body, and reads the response head. At most
+    /// once: only a kept or cached socket that fails the first write (nothing of the request
+    /// was accepted) is replaced by a new one.
+    async fn send(
+        &mut self,
+        upstream: &Upstream,
+        connect: Duration,
+        body: u64,
+        head_request: bool,
+    ) -> Result<Answer, Failed> {
+        let Some(pool) = &upstream.raw_idle else {
+            return Err(Failed::Upstream(Rejection::UpstreamFailed(
+                "not a plain HTTP/1.1 upstream".to_owned(),
+            )));
+        };
+        let mut sock = upstream::checkout(self.up.0.take(), pool, &upstream.dialer, connect)
+            .await
+            .map_err(|e| fail(&e))?;
+        // The head and the body bytes already read go out in one write.
+        let here = (self.buf.len() - self.start) as u64;
+        let first = usize::try_from(body.min(here)).unwrap_or(usize::MAX);
+        self.out
+            .extend_from_slice(&self.buf[self.start..self.start + first]);
+        self.start += first;
+        let mut left = body - first as u64;
+        let written = match sock.tcp.write(&self.out).await {
+            Ok(n) => n,
+            Err(e) if sock.reused => {
+                tracing::debug!(error = %e, "reused upstream socket failed before the request was written; dialing a new one");
+                sock = upstream::dial(pool, &upstream.dialer, connect)
+                    .await
+                    .map_err(|e| fail(&e))?;
+                0
+            }
+            Err(e) => return Err(fail(&e)),
+        };
+        self.ubuf.clear();
+        let Conn {
+            client,
+            out,
+            scratch,
+            ubuf,
+            ..
+        } = self;
+        let (head, sent_whole) = {
+        let (mut up_read, mut up_write) = sock.tcp.split();
+        let upload = async {
+            up_write
+                .write_all(&out[written..])
+                .await
+                .map_err(|e| Some(fail(&e)))?;
+            scratch.resize(BODY_CHUNK, 0);
+            while left > 0 {
+                let want = usize::try_from(left).unwrap_or(usize::MAX).min(BODY_CHUNK);
+                let n = match client.read(&mut scratch[..want]).await {
+                    Ok(0) | Err(_) => return Err(None),
+                    Ok(n) => n,
+                };
+                up_write
+                    .write_all(&scratch[..n])
+                    .await
+                    .map_err(|e| Some(fail(&e)))?;
+                left -= n as u64;
+            }
+            Ok::<(), Option<Failed>>(())
+        };
+        let download = async {
+            loop {
+                match response::parse(ubuf, head_request) {
+                    Ok(Read::Final(h)) => return Ok(h),
+                    Ok(Read::Informational(n)) => {
+                        ubuf.drain(..n);
+                    }
+                    Ok(Read::Partial) => {
+                        ubuf.reserve(BODY_CHUNK);
+                        match up_read.read_buf(ubuf).await {
+                            Ok(0) => {
+                                return Err(Failed::Upstream(Rejection::UpstreamFailed(
+                                    "the upstream closed the connection before a response"
+                                        .to_owned(),
+                                )))
+                            }
+                            Ok(_) => {}
+                            Err(e) => return Err(fail(&e)),
+                        }
+                    }
+                    Err(e) => return Err(fail(&e)),
+                }
+            }
+        };
+        tokio::pin!(upload, download);
+        // The upstream may answer before it read the whole body (an early 413): the answer is
+        // relayed, and neither connection is reused.
+        let mut uploading = true;
+        let mut sent_whole = false;
+        let mut upload_failed = None;
+        let head = loop {
+            tokio::select! {
+                r = &mut upload, if uploading => {
+                    uploading = false;
+                    match r {
+                        Ok(()) => sent_whole = true,
+                        Err(None) => return Err(Failed::ClientGone),
+                        // A write failed: the upstream may still have answered.
+                        Err(Some(f)) => upload_failed = Some(f),
+                    }
+                }
+                r = &mut download => break r,
+            }
+        };
+        match (head, upload_failed) {
+            (Ok(h), _) => (h, sent_whole),
+            (Err(_), Some(f)) | (Err(f), None) => return Err(f),
+        }
+        };
+        Ok(Answer {
+            head,
+            sock,
+            sent_whole,
+        })
+    }
+}
+
+/// An upstream I/O failure: 502, with the error's chain in the log.
+fn fail(e: &(dyn std::error::Error + 'static)) -> Failed {
+    Failed::Upstream(Rejection::UpstreamFailed(error_chain(e)))
+}

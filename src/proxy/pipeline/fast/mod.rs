@@ -1,0 +1,220 @@
+//! The HTTP/1.1-to-HTTP/1.1 fast path: plain-TCP client connections served without hyper.
+//!
+//! Why: on small keep-alive requests most of palisade's own CPU time went to hyper's server
+//! dispatcher and client, not to the guard. Here one task reads the client's request head with
+//! httparse into a buffer reused for the connection's life, judges it with exactly the code
+//! hyper's path uses ([`Proxy::admit`]: path, host, route, method rules, GET bodies,
+//! `max_body_bytes`, the fence), writes the head rewritten by the same [`rewrite_head`] to the
+//! connection's own upstream socket, relays the `Content-Length` body, then the response by
+//! its framing.
+//!
+//! Which connections and requests it takes (`[proxy] http1_fast_path`):
+//! - plain-TCP connections of the proxy listener only (TLS ones and the admin listener stay
+//!   on hyper);
+//! - request by request, the heads [`head`] accepts, to a route whose upstream is plain
+//!   `http://` HTTP/1.1 and that is not a WebSocket route. The first request the fast path does
+//!   not take hands the connection to hyper for the rest of its life, with the bytes read
+//!   and not consumed (that request's and any pipelined after it) replayed to hyper first.
+//!   Nothing of that request was judged, counted or forwarded: hyper sees it as if it had
+//!   read it itself.
+//! - Pipelined requests are taken one at a time: a request is not judged before the previous
+//!   one's response has been relayed whole.
+
+mod exchange;
+mod relay;
+mod head;
+mod response;
+mod upstream;
+mod write;
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use self::head::Parsed;
+use self::upstream::UpSock;
+use super::{Affinity, Proxy, Routed};
+use crate::config::Protocol;
+use crate::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
+
+/// The first read asks for this much; the buffer grows up to `max_header_bytes` for a head.
+const READ_SIZE: usize = 16 * 1024;
+
+/// Serves `conn` on the fast path, with the configuration current at each request; hands it
+/// to hyper when a request is not for the fast path.
+pub fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
+    Box::pin(async move {
+        Conn {
+            client: conn.stream,
+            peer: conn.peer,
+            activity: conn.activity,
+            max_head: conn.max_header_bytes.max(crate::config::MIN_HEADER_BYTES),
+            buf: Vec::with_capacity(READ_SIZE),
+            start: 0,
+            up: Kept(None),
+            ubuf: Vec::new(),
+            out: Vec::new(),
+            scratch: Vec::new(),
+        }
+        .run(&current)
+        .await
+    })
+}
+
+/// The connection's own upstream socket between two of its requests; it goes back to its
+/// upstream's idle cache when the client connection ends or moves to hyper. Only a socket
+/// whose last exchange ended cleanly is kept.
+struct Kept(Option<UpSock>);
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        if let Some(up) = self.0.take() {
+            up.release();
+        }
+    }
+}
+
+/// One client connection on the fast path and the buffers it reuses for each request.
+struct Conn {
+    client: TcpStream,
+    peer: Peer,
+    activity: Activity,
+    max_head: usize,
+    /// Bytes read from the client; those before `start` are consumed.
+    buf: Vec<u8>,
+    start: usize,
+    up: Kept,
+    /// Bytes read from the upstream.
+    ubuf: Vec<u8>,
+    /// A head being written (to the upstream or the client).
+    out: Vec<u8>,
+    /// Request body bytes on their way from the client to the upstream.
+    scratch: Vec<u8>,
+}
+
+/// Whether the client connection stays open after an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum After {
+    KeepAlive,
+    Close,
+}
+
+impl Conn {
+    /// Serves requests until the connection ends (`None`) or one is for hyper.
+    async fn run(mut self, current: &ArcSwap<Proxy>) -> Option<Handoff> {
+        loop {
+            let head = loop {
+                match head::parse(&self.buf[self.start..], self.max_head) {
+                    Parsed::Head(h) => break h,
+                    Parsed::HandOver => return Some(self.handoff()),
+                    Parsed::Refuse(status) => {
+                        let _ = self.refuse_head(status).await;
+                        return None;
+                    }
+                    Parsed::Partial => {
+                        if !self.read_more().await {
+                            return None;
+                        }
+                    }
+                }
+            };
+            // The one load per request, as on hyper's path: the request keeps this
+            // configuration to its end.
+            let proxy = current.load_full();
+            if !proxy.fast_takes(&head.request) {
+                return Some(self.handoff());
+            }
+            let busy = self.activity.request_started();
+            let after = self.exchange(&proxy, head).await;
+            drop(busy);
+            if after == After::Close || self.activity.stopping() {
+                return None;
+            }
+            self.compact();
+        }
+    }
+
+    /// Reads more of the client's bytes; `false` when the client closed, the read failed, or
+    /// the connection was asked to finish while no request was begun.
+    async fn read_more(&mut self) -> bool {
+        self.compact();
+        self.buf.reserve(READ_SIZE);
+        let idle = self.start == self.buf.len();
+        if idle {
+            if self.activity.stopping() {
+                return false;
+            }
+            tokio::select! {
+                biased;
+                () = self.activity.stopped() => false,
+                r = self.client.read_buf(&mut self.buf) => matches!(r, Ok(n) if n > 0),
+            }
+        } else {
+            matches!(self.client.read_buf(&mut self.buf).await, Ok(n) if n > 0)
+        }
+    }
+
+    /// Answers a head refused before it was judged (400, 431), as hyper's server would.
+    async fn refuse_head(&mut self, status: http::StatusCode) {
+        self.out.clear();
+        write::automatic(&mut self.out, status);
+        let _ = self.client.write_all(&self.out).await;
+    }
+
+    /// Drops consumed bytes from the front of the buffer.
+    fn compact(&mut self) {
+        if self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 0 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+
+    /// The connection for hyper, with what it must read first.
+    fn handoff(self) -> Handoff {
+        let Conn {
+            client,
+            mut buf,
+            start,
+            ..
+        } = self;
+        buf.drain(..start);
+        Handoff {
+            stream: client,
+            read: buf,
+        }
+    }
+}
+
+impl Proxy {
+    /// Whether the fast path serves `req` (whose head [`head`] accepted): it does unless it
+    /// would be routed to a WebSocket route or an upstream that is not plain HTTP/1.1. A
+    /// request that will be refused is served too: the refusal is the same code.
+    fn fast_takes<B>(&self, req: &http::Request<B>) -> bool {
+        if self.all_fast {
+            return true;
+        }
+        let Ok(normal) = crate::path::normalize(req.uri().path()) else {
+            return true;
+        };
+        let Ok(host) = super::request::request_host(req) else {
+            return true;
+        };
+        match self.route(req.method(), host.host, &crate::path::match_key(&normal)) {
+            Routed::To(r) => Self::fast_route(r, &self.upstreams),
+            Routed::MethodNotAllowed(_) | Routed::Nowhere => true,
+        }
+    }
+
+    /// Whether requests routed to `r` can take the fast path.
+    pub(super) fn fast_route(r: &super::Route, upstreams: &[Arc<super::upstream::Upstream>]) -> bool {
+        let u = &upstreams[r.settings.upstream];
+        !r.settings.websocket
+            && u.settings.protocol == Protocol::Http1
+            && u.raw_idle.is_some()
+    }
+}

@@ -1,0 +1,135 @@
+//! The upstream's response relayed to the client: its head with hop-by-hop headers removed
+//! (by hyper's path's own [`strip_hop_by_hop`]), then its body bytes as they are, up to where
+//! its framing says it ends.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::exchange::{Answer, BODY_CHUNK};
+use super::response::{Chunks, Framing, ResponseHead};
+use super::{write, After, Conn};
+use crate::proxy::pipeline::rewrite::strip_hop_by_hop;
+use crate::proxy::pipeline::Proxy;
+
+/// The response could not be relayed whole (the upstream or the client failed, or the body's
+/// framing was invalid): the client connection must be closed.
+pub(super) struct Cut;
+
+impl Conn {
+    /// Relays the response of `answer`; the upstream socket is kept for the next request when
+    /// the exchange ended cleanly (`close_upstream`: the request asked it closed).
+    pub(super) async fn relay(
+        &mut self,
+        proxy: &Proxy,
+        answer: Answer,
+        close_upstream: bool,
+    ) -> Result<After, Cut> {
+        let Answer {
+            head,
+            mut sock,
+            sent_whole,
+        } = answer;
+        let ResponseHead {
+            len,
+            status,
+            reason,
+            mut headers,
+            framing,
+            close,
+        } = head;
+        strip_hop_by_hop(&mut headers, &proxy.header);
+        let Conn {
+            client,
+            out,
+            ubuf,
+            ..
+        } = self;
+        out.clear();
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(&reason);
+        out.extend_from_slice(b"\r\n");
+        write::headers(out, &headers);
+        match framing {
+            Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            // The client learns where the body ends from the connection's close.
+            Framing::Close => out.extend_from_slice(b"connection: close\r\n"),
+            Framing::Empty | Framing::Length(_) => {}
+        }
+        if !headers.contains_key(http::header::DATE) {
+            write::date(out);
+        }
+        out.extend_from_slice(b"\r\n");
+        let rest = &ubuf[len..];
+        // `clean`: the upstream sent nothing after the response.
+        let clean = match framing {
+            Framing::Empty => {
+                client.write_all(out).await.map_err(|_| Cut)?;
+                rest.is_empty()
+            }
+            Framing::Length(n) => {
+                let take = usize::try_from(n).unwrap_or(usize::MAX).min(rest.len());
+                let mut extra = rest.len() > take;
+                out.extend_from_slice(&rest[..take]);
+                client.write_all(out).await.map_err(|_| Cut)?;
+                let mut left = n - take as u64;
+                while left > 0 {
+                    ubuf.clear();
+                    ubuf.reserve(BODY_CHUNK);
+                    match sock.tcp.read_buf(ubuf).await {
+                        Ok(0) | Err(_) => return Err(Cut),
+                        Ok(_) => {}
+                    }
+                    let take = usize::try_from(left).unwrap_or(usize::MAX).min(ubuf.len());
+                    extra = ubuf.len() > take;
+                    client.write_all(&ubuf[..take]).await.map_err(|_| Cut)?;
+                    left -= take as u64;
+                }
+                !extra
+            }
+            Framing::Chunked => {
+                let mut chunks = Chunks::default();
+                // Bytes are written only once the framing check passed them.
+                let n = chunks.feed(rest).map_err(|_| Cut)?;
+                let mut extra = rest.len() > n;
+                out.extend_from_slice(&rest[..n]);
+                client.write_all(out).await.map_err(|_| Cut)?;
+                while !chunks.done() {
+                    ubuf.clear();
+                    ubuf.reserve(BODY_CHUNK);
+                    match sock.tcp.read_buf(ubuf).await {
+                        Ok(0) | Err(_) => return Err(Cut),
+                        Ok(_) => {}
+                    }
+                    let n = chunks.feed(ubuf).map_err(|_| Cut)?;
+                    extra = ubuf.len() > n;
+                    client.write_all(&ubuf[..n]).await.map_err(|_| Cut)?;
+                }
+                !extra
+            }
+            Framing::Close => {
+                out.extend_from_slice(rest);
+                client.write_all(out).await.map_err(|_| Cut)?;
+                loop {
+                    ubuf.clear();
+                    ubuf.reserve(BODY_CHUNK);
+                    match sock.tcp.read_buf(ubuf).await {
+                        Ok(0) => break,
+                        Err(_) => return Err(Cut),
+                        Ok(_) => client.write_all(ubuf).await.map_err(|_| Cut)?,
+                    }
+                }
+                false
+            }
+        };
+        if clean && sent_whole && !close && !close_upstream {
+            self.up.0 = Some(sock);
+        }
+        // A body the upstream did not wait for is still on its way from the client: the
+        // connection cannot carry another request.
+        if framing == Framing::Close || !sent_whole {
+            return Ok(After::Close);
+        }
+        Ok(After::KeepAlive)
+    }
+}

@@ -1,0 +1,98 @@
+//! The fast path's upstream sockets: one per client connection, kept between its requests,
+//! and the upstream's shared idle cache for sockets whose client connection ended.
+//!
+//! As in [`super::super::affine`], a request goes client -> guard -> upstream -> client inside
+//! the client connection's task, with no pool lock and no channel on the common path; here the
+//! fast path speaks HTTP/1.1 on the socket itself.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::ReadBuf;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use super::super::affine::IdlePool;
+use super::super::dial::{DialError, Dialer};
+use super::super::tls::UpIo;
+
+/// An upstream socket and the idle cache it goes back to.
+pub(super) struct UpSock {
+    pub(super) tcp: TcpStream,
+    pub(super) pool: Arc<IdlePool<TcpStream>>,
+    /// Taken from a cache or kept from an earlier request (not newly dialed).
+    pub(super) reused: bool,
+}
+
+impl UpSock {
+    /// Gives a socket whose last exchange ended cleanly back to its upstream's cache.
+    pub(super) fn release(self) {
+        self.pool.put(Instant::now(), self.tcp);
+    }
+}
+
+/// Why no socket could be had.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UpError {
+    #[error(transparent)]
+    Dial(#[from] DialError),
+    #[error("the fast path dialed a TLS upstream")]
+    NotPlain,
+}
+
+/// A socket to the upstream of `pool`: `kept` (the client connection's own) if it belongs to
+/// that upstream and is still open, else a cached one, else a new one.
+pub(super) async fn checkout(
+    kept: Option<UpSock>,
+    pool: &Arc<IdlePool<TcpStream>>,
+    dialer: &Dialer,
+    timeout: Duration,
+) -> Result<UpSock, UpError> {
+    if let Some(k) = kept {
+        if Arc::ptr_eq(&k.pool, pool) {
+            if open(&k.tcp) {
+                return Ok(k);
+            }
+        } else {
+            k.release(); // another upstream's: back to its own cache
+        }
+    }
+    while let Some(tcp) = pool.take() {
+        if open(&tcp) {
+            return Ok(UpSock {
+                tcp,
+                pool: Arc::clone(pool),
+                reused: true,
+            });
+        }
+    }
+    dial(pool, dialer, timeout).await
+}
+
+/// A new socket through the upstream's dialer (round robin, ejection, health).
+pub(super) async fn dial(
+    pool: &Arc<IdlePool<TcpStream>>,
+    dialer: &Dialer,
+    timeout: Duration,
+) -> Result<UpSock, UpError> {
+    match dialer.connect(timeout).await? {
+        UpIo::Plain(tcp) => Ok(UpSock {
+            tcp,
+            pool: Arc::clone(pool),
+            reused: false,
+        }),
+        UpIo::Tls(_) => Err(UpError::NotPlain),
+    }
+}
+
+/// Whether an idle socket is still open with nothing to read: an upstream that closed it
+/// (FIN or RST) or sent bytes nobody asked for must not get a request.
+fn open(tcp: &TcpStream) -> bool {
+    let mut one = [0u8; 1];
+    let mut buf = ReadBuf::new(&mut one);
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    // `poll_peek` registers no interest that matters here: the socket is read again by
+    // this same task before it waits on it.
+    matches!(tcp.poll_peek(&mut cx, &mut buf), Poll::Pending)
+}

@@ -1,0 +1,86 @@
+//! Heads written as bytes: the request for the upstream, and palisade's own responses (as
+//! hyper's server writes them: the headers in map order, then `content-length`, then `date`).
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{self, HeaderMap};
+use http::{Response, StatusCode};
+use http_body::Body;
+use http_body_util::Full;
+
+/// `METHOD path HTTP/1.1`, the headers and the empty line.
+pub(super) fn request_head(out: &mut Vec<u8>, parts: &http::request::Parts) {
+    out.extend_from_slice(parts.method.as_str().as_bytes());
+    out.push(b' ');
+    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    headers(out, &parts.headers);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Each header as `name: value` (names are lower case, as hyper writes them).
+pub(super) fn headers(out: &mut Vec<u8>, h: &HeaderMap) {
+    for (name, value) in h {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+/// `date: <now>`: what hyper's server adds to a response without one.
+pub(super) fn date(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"date: ");
+    out.extend_from_slice(httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A status line with the status's own reason phrase.
+fn status_line(out: &mut Vec<u8>, status: StatusCode) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
+    out.extend_from_slice(b"\r\n");
+}
+
+/// One of palisade's refusals (from [`crate::reject::Rejection::respond`]), whole; the body is
+/// left out for a HEAD request, as hyper leaves it out.
+pub(super) fn refusal(out: &mut Vec<u8>, resp: Response<Full<Bytes>>, head_request: bool) {
+    let (parts, body) = resp.into_parts();
+    let body = full_bytes(body);
+    status_line(out, parts.status);
+    headers(out, &parts.headers);
+    if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(body.len().to_string().as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    if !parts.headers.contains_key(header::DATE) {
+        date(out);
+    }
+    out.extend_from_slice(b"\r\n");
+    if !head_request {
+        out.extend_from_slice(&body);
+    }
+}
+
+/// The answer hyper's server gives a head it cannot parse (400) or that is too large (431).
+pub(super) fn automatic(out: &mut Vec<u8>, status: StatusCode) {
+    status_line(out, status);
+    out.extend_from_slice(b"content-length: 0\r\n");
+    date(out);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The bytes of a `Full` body, which are there at once.
+fn full_bytes(mut body: Full<Bytes>) -> Bytes {
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    match Pin::new(&mut body).poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
+    }
+}
