@@ -213,7 +213,6 @@ async fn raw_response(addr: std::net::SocketAddr, bytes: &[u8]) -> (u16, String)
     (status, text)
 }
 
-#[tokio::test]
 async fn a_request_smuggled_in_a_get_body_never_reaches_the_upstream() {
     let e = env().await;
     let inner =
@@ -280,7 +279,6 @@ const UNLISTED: [&str; 12] = [
     "UNLOCK",
 ];
 
-#[tokio::test]
 async fn unlisted_methods_are_refused_with_405_when_the_guarded_route_says_so() {
     let e = env_with("", "other_methods = \"reject\"").await;
     for m in UNLISTED {
@@ -307,7 +305,6 @@ async fn unlisted_methods_are_refused_with_405_when_the_guarded_route_says_so() 
     );
 }
 
-#[tokio::test]
 async fn a_catch_all_listing_safe_methods_forwards_no_unlisted_method() {
     // The shipped example's shape: the catch-all lists GET, HEAD, OPTIONS only.
     let dir = tempfile::tempdir().unwrap();
@@ -374,7 +371,6 @@ fn check_warns_when_an_unguarded_route_forwards_unlisted_methods() {
     );
 }
 
-#[tokio::test]
 async fn a_missing_or_malformed_host_never_skips_a_host_scoped_route() {
     let e = env().await;
     let body = "x-fencing-token: 34\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
@@ -419,7 +415,6 @@ async fn a_missing_or_malformed_host_never_skips_a_host_scoped_route() {
     );
 }
 
-#[tokio::test]
 async fn smaller_holes_overlong_escapes_token_aliases_max_token_grpc_types() {
     let e = env_with("require_nfkc_paths = true", "").await;
     // Overlong UTF-8 (an old spelling of '/') and other invalid escapes: 400.
@@ -480,7 +475,6 @@ async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
     }
 }
 
-#[tokio::test]
 async fn silent_partial_and_idle_connections_are_closed() {
     let e = env_with(
         "header_read_timeout_ms = 300\nidle_timeout_ms = 600\nhttp2_keepalive_interval_ms = 0",
@@ -540,7 +534,6 @@ async fn silent_partial_and_idle_connections_are_closed() {
     assert!(closed("idle_timeout") >= 2.0, "{m}");
 }
 
-#[tokio::test]
 async fn a_response_slower_than_the_idle_timeout_is_not_cut() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -581,7 +574,6 @@ guard = false
     }
 }
 
-#[tokio::test]
 async fn strip_token_also_removes_the_token_from_request_trailers() {
     use bytes::Bytes;
     use http_body_util::{BodyExt, StreamBody};
@@ -669,3 +661,15 @@ resource = "r"
         "kept route forwards trailers as sent"
     );
 }
+
+// Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    a_request_smuggled_in_a_get_body_never_reaches_the_upstream,
+    unlisted_methods_are_refused_with_405_when_the_guarded_route_says_so,
+    a_catch_all_listing_safe_methods_forwards_no_unlisted_method,
+    a_missing_or_malformed_host_never_skips_a_host_scoped_route,
+    smaller_holes_overlong_escapes_token_aliases_max_token_grpc_types,
+    silent_partial_and_idle_connections_are_closed,
+    a_response_slower_than_the_idle_timeout_is_not_cut,
+    strip_token_also_removes_the_token_from_request_trailers,
+);

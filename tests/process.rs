@@ -70,7 +70,6 @@ async fn setup() -> Setup {
     }
 }
 
-#[tokio::test]
 async fn a_mark_survives_kill_9_and_the_zombie_is_still_rejected() {
     let Setup {
         dir: _dir,
@@ -159,7 +158,6 @@ fn chunks(total: usize) -> Streamed {
     BodyExt::boxed(StreamBody::new(stream))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_uploads_and_downloads_stream_with_bounded_memory() {
     // `_up` keeps the upstream running for the whole test.
     let Setup {
@@ -401,3 +399,9 @@ async fn health_asks_the_admin_endpoint_and_fails_once_the_proxy_is_gone() {
     assert_eq!(gone.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&gone.stderr).contains("unhealthy"));
 }
+
+// These two run twice: on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    a_mark_survives_kill_9_and_the_zombie_is_still_rejected,
+);
+support::on_both_paths!(#[flavor = "multi_thread", worker_threads = 2] large_uploads_and_downloads_stream_with_bounded_memory);

@@ -109,7 +109,6 @@ async fn env() -> Env {
     Env { up, proxy, dir }
 }
 
-#[tokio::test]
 async fn stale_token_is_rejected_with_409_and_never_reaches_upstream() {
     let e = env().await;
     let url = e.proxy.url("/orders/1");
@@ -156,7 +155,6 @@ async fn stale_token_is_rejected_with_409_and_never_reaches_upstream() {
     assert_eq!(e.up.log.len(), 4);
 }
 
-#[tokio::test]
 async fn malformed_tokens_get_400_and_missing_gets_428() {
     let e = env().await;
     let url = e.proxy.url("/orders/1");
@@ -250,7 +248,6 @@ async fn malformed_tokens_get_400_and_missing_gets_428() {
     );
 }
 
-#[tokio::test]
 async fn zombie_story_shows_in_metrics() {
     let e = env().await;
     let url = e.proxy.url("/orders/7");
@@ -308,7 +305,6 @@ async fn zombie_story_shows_in_metrics() {
     );
 }
 
-#[tokio::test]
 async fn cross_protocol_h2c_to_http1_and_http1_to_h2c() {
     let e = env().await;
     let r = send(
@@ -349,7 +345,6 @@ async fn cross_protocol_h2c_to_http1_and_http1_to_h2c() {
     );
 }
 
-#[tokio::test]
 async fn trailers_pass_both_ways_between_protocols() {
     let e = env().await;
     let te: &[(&str, &[u8])] = &[("te", b"trailers")];
@@ -386,7 +381,6 @@ async fn trailers_pass_both_ways_between_protocols() {
     assert_eq!(seen[1].headers["te"], "trailers");
 }
 
-#[tokio::test]
 async fn forwarded_headers_added_and_hop_by_hop_removed() {
     let e = env().await;
     let headers: &[(&str, &[u8])] = &[
@@ -427,7 +421,6 @@ async fn forwarded_headers_added_and_hop_by_hop_removed() {
         .is_none_or(|v| v != "keep-alive, x-private"));
 }
 
-#[tokio::test]
 async fn no_route_is_404_and_upstream_failures_are_502_and_504() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -474,7 +467,6 @@ async fn no_route_is_404_and_upstream_failures_are_502_and_504() {
     );
 }
 
-#[tokio::test]
 async fn store_that_cannot_write_answers_503_and_keeps_the_mark() {
     let e = env().await;
     let url = e.proxy.url("/orders/1");
@@ -526,7 +518,6 @@ async fn store_that_cannot_write_answers_503_and_keeps_the_mark() {
     assert_eq!(on_disk["marks"]["orders"], 11);
 }
 
-#[tokio::test]
 async fn graceful_shutdown_lets_in_flight_requests_finish() {
     let e = env().await;
     let url = e.proxy.url("/x/slow?400");
@@ -575,7 +566,6 @@ async fn raw_status(
         .unwrap_or_else(|| panic!("no status in {line:?}"))
 }
 
-#[tokio::test]
 async fn alternative_spellings_of_a_guarded_path_never_bypass_the_guard() {
     let e = env().await;
     // Advance the mark so that a stale token is a real zombie.
@@ -648,7 +638,6 @@ async fn alternative_spellings_of_a_guarded_path_never_bypass_the_guard() {
     );
 }
 
-#[tokio::test]
 async fn exact_route_guards_trailing_slash_format_suffix_and_segment_parameters() {
     let e = env().await;
     for p in ["/exact", "/exact/", "/exact;v=1", "/exact.json"] {
@@ -769,7 +758,6 @@ resource = "echo"
     }
 }
 
-#[tokio::test]
 async fn ambiguous_hosts_are_refused_before_routing() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let e = env().await;
@@ -788,7 +776,6 @@ async fn ambiguous_hosts_are_refused_before_routing() {
     assert_eq!(e.up.log.len(), 0);
 }
 
-#[tokio::test]
 async fn strip_token_removes_the_header_and_shares_the_resource_mark() {
     let e = env().await;
     assert_eq!(
@@ -803,7 +790,6 @@ async fn strip_token_removes_the_header_and_shares_the_resource_mark() {
     );
 }
 
-#[tokio::test]
 async fn an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::AsyncReadExt;
@@ -850,7 +836,6 @@ async fn an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails(
 
 /// The admission table every fence passes (`tests/support/cases.rs`; `tests/layer.rs` runs it
 /// against the in-process layer), through the proxy, over HTTP/1.1 and gRPC.
-#[tokio::test]
 async fn the_proxy_passes_the_admission_table_over_http_and_grpc() {
     use support::cases::{recording_upstream, seed, Seen, CASES, MARK};
     for grpc in [false, true] {
@@ -919,3 +904,22 @@ async fn the_proxy_passes_the_admission_table_over_http_and_grpc() {
         }
     }
 }
+
+// Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    stale_token_is_rejected_with_409_and_never_reaches_upstream,
+    malformed_tokens_get_400_and_missing_gets_428,
+    zombie_story_shows_in_metrics,
+    cross_protocol_h2c_to_http1_and_http1_to_h2c,
+    trailers_pass_both_ways_between_protocols,
+    forwarded_headers_added_and_hop_by_hop_removed,
+    no_route_is_404_and_upstream_failures_are_502_and_504,
+    store_that_cannot_write_answers_503_and_keeps_the_mark,
+    graceful_shutdown_lets_in_flight_requests_finish,
+    alternative_spellings_of_a_guarded_path_never_bypass_the_guard,
+    exact_route_guards_trailing_slash_format_suffix_and_segment_parameters,
+    ambiguous_hosts_are_refused_before_routing,
+    strip_token_removes_the_header_and_shares_the_resource_mark,
+    an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails,
+    the_proxy_passes_the_admission_table_over_http_and_grpc,
+);

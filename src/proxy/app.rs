@@ -222,7 +222,6 @@ impl App {
                 },
                 admin_limits,
                 Some(metrics.connections("admin")),
-                None,
             ))
         });
         tracing::info!(
@@ -238,7 +237,7 @@ impl App {
             Arc::new(move |conn| crate::proxy::pipeline::fast::serve(Arc::clone(&current), conn))
                 as server::FirstHandler<Affinity>
         });
-        server::serve_with(
+        server::serve_first(
             listeners.proxy,
             move |req, peer: server::Peer, affinity: &Arc<Affinity>| {
                 // The one load per request: the request keeps this configuration to its end,

@@ -26,6 +26,54 @@ use palisade::{Config, Listeners};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+tokio::task_local! {
+    /// `[proxy] http1_fast_path` for every proxy the current test starts, set by
+    /// [`on_both_paths!`]; unset, the configuration's own value stands.
+    pub static FAST_PATH: bool;
+}
+
+/// The fast path switch of the running test, if [`on_both_paths!`] set one.
+pub fn fast_path() -> Option<bool> {
+    FAST_PATH.try_with(|f| *f).ok()
+}
+
+/// Runs each named `async fn` as two tests, `NAME::hyper_path` and `NAME::fast_path`: the
+/// proxies it starts (in process, or as a process through [`spawn_proxy`]) have
+/// `[proxy] http1_fast_path` off, then on. One body, both data paths.
+#[allow(unused_macros)]
+macro_rules! on_both_paths {
+    (#[$($args:tt)*] $($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test($($args)*)]
+                async fn hyper_path() {
+                    crate::support::FAST_PATH.scope(false, super::$name()).await
+                }
+                #[tokio::test($($args)*)]
+                async fn fast_path() {
+                    crate::support::FAST_PATH.scope(true, super::$name()).await
+                }
+            }
+        )*
+    };
+    ($($name:ident),* $(,)?) => {
+        $(
+            mod $name {
+                #[tokio::test]
+                async fn hyper_path() {
+                    crate::support::FAST_PATH.scope(false, super::$name()).await
+                }
+                #[tokio::test]
+                async fn fast_path() {
+                    crate::support::FAST_PATH.scope(true, super::$name()).await
+                }
+            }
+        )*
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use on_both_paths;
+
 /// What the upstream saw of one request.
 #[derive(Debug, Clone)]
 pub struct Seen {
@@ -220,7 +268,10 @@ pub async fn proxy_file(path: &Path) -> Proxy {
     start(Config::load(path).unwrap()).await
 }
 
-async fn start(config: Config) -> Proxy {
+async fn start(mut config: Config) -> Proxy {
+    if let Some(on) = fast_path() {
+        config.proxy.http1_fast_path = on;
+    }
     let listeners = Listeners {
         proxy: TcpListener::bind("127.0.0.1:0").await.unwrap(),
         admin: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
@@ -342,10 +393,24 @@ pub struct ProxyProcess {
 /// Starts `palisade run --config <path>` and waits until it reports its listening address.
 /// Returns the child's stderr text instead when it exits before listening.
 pub fn spawn_proxy(config: &Path) -> Result<ProxyProcess, (Option<i32>, String)> {
+    let config = &with_fast_path(config);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_palisade"));
     cmd.args(["--log-format", "json", "run", "--config"])
         .arg(config);
     spawn_command(cmd)
+}
+
+/// `config`, or under [`on_both_paths!`] a copy beside it with `[proxy] http1_fast_path` set.
+fn with_fast_path(config: &Path) -> PathBuf {
+    let Some(on) = fast_path() else {
+        return config.to_owned();
+    };
+    let text = std::fs::read_to_string(config).unwrap();
+    assert!(text.contains("[proxy]\n"), "the config needs a [proxy] table");
+    let text = text.replacen("[proxy]\n", &format!("[proxy]\nhttp1_fast_path = {on}\n"), 1);
+    let copy = config.with_extension(if on { "fast.toml" } else { "hyper.toml" });
+    std::fs::write(&copy, text).unwrap();
+    copy
 }
 
 /// Spawns `cmd` (which must end up running `palisade --log-format json run ...`) and waits

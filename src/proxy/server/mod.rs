@@ -106,7 +106,7 @@ pub async fn serve<H, F, B>(
         ..Limits::default()
     };
     let handle = move |req, peer: Peer, _: &Arc<()>| handle(req, peer.addr);
-    serve_with(listener, handle, shutdown, limits, None, None).await;
+    serve_with(listener, handle, shutdown, limits, None).await;
 }
 
 /// [`serve`] with explicit [`Limits`], optionally connection metrics, and state of type `C`
@@ -117,10 +117,27 @@ pub async fn serve<H, F, B>(
 /// reserve, accepts the waiting connection and closes it at once, then takes the reserve back:
 /// the kernel's queue drains instead of the same error coming back in a busy loop. Without a
 /// reserve it backs off for 50 ms.
-///
-/// `first`, when given, serves each plain-TCP connection before hyper does (not TLS ones): it
-/// may serve the connection to its end or hand it over to hyper (see [`Handoff`]).
 pub async fn serve_with<H, F, B, C>(
+    listener: TcpListener,
+    handle: H,
+    shutdown: impl Future<Output = ()>,
+    limits: Limits,
+    metrics: Option<ConnMetrics>,
+) where
+    H: Fn(Request<Incoming>, Peer, &Arc<C>) -> F + Clone + Send + Sync + 'static,
+    C: Default + Send + Sync + 'static,
+    F: Future<Output = Response<B>> + Send + 'static,
+    B: Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    serve_first(listener, handle, shutdown, limits, metrics, None).await;
+}
+
+/// [`serve_with`] where `first`, when given, serves each plain-TCP connection before hyper
+/// does (TLS ones go to hyper at once): it may serve the connection to its end or hand it
+/// over to hyper (see [`Handoff`]). The watchdog, `max_connections` and shutdown apply to
+/// both alike.
+pub async fn serve_first<H, F, B, C>(
     listener: TcpListener,
     handle: H,
     shutdown: impl Future<Output = ()>,

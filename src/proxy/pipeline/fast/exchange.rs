@@ -63,8 +63,9 @@ impl Conn {
             Err(refused) => {
                 let status = refused.status();
                 let close = close || refused.headers().contains_key(http::header::CONNECTION);
+                let closing = close || self.activity.stopping();
                 self.out.clear();
-                write::refusal(&mut self.out, refused, head_request);
+                write::refusal(&mut self.out, refused, head_request, closing);
                 let after = self.answer_unsent(body, close).await;
                 if let Some(l) = logged {
                     l.answered(status);
@@ -144,12 +145,13 @@ impl Conn {
         m.count(outcome);
         note.set(outcome, token);
         let status = answer.head.status;
+        let closing = close || self.activity.stopping();
         let relayed = match &aborted {
-            None => Some(self.relay(proxy, answer, close_upstream).await),
+            None => Some(self.relay(proxy, answer, close_upstream, closing).await),
             Some(generation) => tokio::select! {
                 biased;
                 () = generation.aborted() => None,
-                r = self.relay(proxy, answer, close_upstream) => Some(r),
+                r = self.relay(proxy, answer, close_upstream, closing) => Some(r),
             },
         };
         drop(ticket);
@@ -188,7 +190,7 @@ impl Conn {
     ) -> After {
         let status = refused.status();
         self.out.clear();
-        write::refusal(&mut self.out, refused, head_request);
+        write::refusal(&mut self.out, refused, head_request, true);
         let _ = self.client.write_all(&self.out).await;
         if let Some(l) = logged {
             l.answered(status);

@@ -22,6 +22,7 @@ impl Conn {
         proxy: &Proxy,
         answer: Answer,
         close_upstream: bool,
+        closing: bool,
     ) -> Result<After, Cut> {
         let Answer {
             head,
@@ -50,11 +51,13 @@ impl Conn {
         out.extend_from_slice(&reason);
         out.extend_from_slice(b"\r\n");
         write::headers(out, &headers);
-        match framing {
-            Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
-            // The client learns where the body ends from the connection's close.
-            Framing::Close => out.extend_from_slice(b"connection: close\r\n"),
-            Framing::Empty | Framing::Length(_) => {}
+        // The client learns where a close-delimited body ends from the connection's close.
+        // hyper's server says `connection: close` where it will close, after the headers.
+        if closing || framing == Framing::Close || !sent_whole {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        if framing == Framing::Chunked {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
         }
         if !headers.contains_key(http::header::DATE) {
             write::date(out);
@@ -90,10 +93,11 @@ impl Conn {
             Framing::Chunked => {
                 let mut chunks = Chunks::default();
                 // Bytes are written only once the framing check passed them.
-                let n = chunks.feed(rest).map_err(|_| Cut)?;
+                let (n, valid) = chunks.feed(rest);
                 let mut extra = rest.len() > n;
                 out.extend_from_slice(&rest[..n]);
                 client.write_all(out).await.map_err(|_| Cut)?;
+                valid.map_err(|_| Cut)?;
                 while !chunks.done() {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
@@ -101,9 +105,10 @@ impl Conn {
                         Ok(0) | Err(_) => return Err(Cut),
                         Ok(_) => {}
                     }
-                    let n = chunks.feed(ubuf).map_err(|_| Cut)?;
+                    let (n, valid) = chunks.feed(ubuf);
                     extra = ubuf.len() > n;
                     client.write_all(&ubuf[..n]).await.map_err(|_| Cut)?;
+                    valid.map_err(|_| Cut)?;
                 }
                 !extra
             }

@@ -48,11 +48,22 @@ fn status_line(out: &mut Vec<u8>, status: StatusCode) {
 }
 
 /// One of palisade's refusals (from [`crate::reject::Rejection::respond`]), whole; the body is
-/// left out for a HEAD request, as hyper leaves it out.
-pub(super) fn refusal(out: &mut Vec<u8>, resp: Response<Full<Bytes>>, head_request: bool) {
-    let (parts, body) = resp.into_parts();
+/// left out for a HEAD request, as hyper leaves it out. `closing`: the connection closes after
+/// it, which hyper's server announces with `connection: close`.
+pub(super) fn refusal(
+    out: &mut Vec<u8>,
+    resp: Response<Full<Bytes>>,
+    head_request: bool,
+    closing: bool,
+) {
+    let (mut parts, body) = resp.into_parts();
     let body = full_bytes(body);
     status_line(out, parts.status);
+    if closing && !parts.headers.contains_key(header::CONNECTION) {
+        parts
+            .headers
+            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+    }
     headers(out, &parts.headers);
     if !parts.headers.contains_key(header::CONTENT_LENGTH) {
         out.extend_from_slice(b"content-length: ");

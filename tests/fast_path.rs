@@ -1,0 +1,324 @@
+//! The HTTP/1.1 fast path's own framing rules, over raw sockets on both sides: what it refuses,
+//! what it hands to hyper, and how it relays each kind of upstream response.
+//!
+//! The bypass and smuggling tests of `tests/proxy.rs`, `tests/hardening.rs` and
+//! `tests/process.rs` run on both data paths already (`support::on_both_paths!`); these add
+//! the rules only the fast path implements.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+http1_fast_path = FAST
+
+[admin]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "memory"
+
+[[upstream]]
+name = "raw"
+url = "http://{upstream}"
+protocol = "http1"
+
+[[route]]
+name = "orders"
+upstream = "raw"
+path_prefix = "/orders"
+resource = "orders"
+
+[[route]]
+name = "rest"
+upstream = "raw"
+path_prefix = "/"
+guard = false
+"#;
+
+/// Request heads (and bodies) the raw upstream received, in order.
+type Received = Arc<Mutex<Vec<String>>>;
+
+/// The canned answer for a request path; `true`: close the connection after it.
+fn canned(path: &str) -> (&'static str, bool) {
+    match path {
+        "/chunked" => (
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ntrailer: x-t\r\n\r\n5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n",
+            false,
+        ),
+        "/bad-chunk" => (
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nSMUGGLED\r\n0\r\n\r\n",
+            false,
+        ),
+        "/until-close" => ("HTTP/1.1 200 OK\r\nx-a: 1\r\n\r\nall of it", true),
+        "/no-content" => ("HTTP/1.1 204 No Content\r\n\r\n", false),
+        "/not-modified" => (
+            "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n",
+            false,
+        ),
+        "/early-hints" => (
+            "HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            false,
+        ),
+        "/cl-te" => (
+            "HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n",
+            false,
+        ),
+        "/two-cl" => (
+            "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
+            false,
+        ),
+        "/hop" => (
+            "HTTP/1.1 200 OK\r\nconnection: x-secret\r\nx-secret: 1\r\nkeep-alive: timeout=5\r\ncontent-length: 2\r\n\r\nok",
+            false,
+        ),
+        _ => ("HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", false),
+    }
+}
+
+/// An HTTP/1.1 upstream that answers [`canned`] responses byte for byte.
+async fn raw_upstream() -> (SocketAddr, Received) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let got = Received::default();
+    let log = Arc::clone(&got);
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = find(&buf, b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end + 4]).into_owned();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| {
+                            let (n, v) = l.split_once(':')?;
+                            n.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse().unwrap())
+                        })
+                        .unwrap_or(0);
+                    // A chunked body (served by hyper's path) is read up to its last chunk.
+                    let len = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                        loop {
+                            if let Some(at) = find(&buf[end + 4..], b"0\r\n\r\n") {
+                                break at + 5;
+                            }
+                            let mut chunk = [0u8; 4096];
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                    } else {
+                        len
+                    };
+                    while buf.len() < end + 4 + len {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).into_owned();
+                    buf.drain(..end + 4 + len);
+                    let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                    log.lock().unwrap().push(format!("{head}{body}"));
+                    let (answer, close) = canned(&path);
+                    if s.write_all(answer.as_bytes()).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, got)
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+struct Env {
+    proxy: support::Proxy,
+    upstream: Received,
+    _dir: tempfile::TempDir,
+}
+
+async fn env(fast: bool) -> Env {
+    let (addr, upstream) = raw_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::render(CONFIG, addr, dir.path()).replace("FAST", &fast.to_string());
+    let proxy = support::proxy(&text, dir.path()).await;
+    Env {
+        proxy,
+        upstream,
+        _dir: dir,
+    }
+}
+
+/// Writes `bytes` and reads until the proxy closes the connection (or 5 s pass).
+async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut resp = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut resp)).await;
+    String::from_utf8_lossy(&resp).into_owned()
+}
+
+/// The status codes of every response in `text`.
+fn statuses(text: &str) -> Vec<u16> {
+    text.match_indices("HTTP/1.1 ")
+        .filter_map(|(i, _)| text[i + 9..i + 12].parse().ok())
+        .collect()
+}
+
+#[tokio::test]
+async fn ambiguous_request_framing_is_refused_with_400_and_the_connection_closed() {
+    let e = env(true).await;
+    for (what, head) in [
+        ("CL with TE", "POST /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 5\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n"),
+        ("two CL", "POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 5\r\n\r\nhello"),
+        ("conflicting CL", "POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello!"),
+        ("signed CL", "POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: +5\r\n\r\nhello"),
+        ("CL list", "POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 5, 5\r\n\r\nhello"),
+        ("overflowing CL", "POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 18446744073709551616\r\n\r\n"),
+        ("bare LF", "GET /x HTTP/1.1\nhost: a\n\n"),
+        ("bare LF after a header", "GET /x HTTP/1.1\r\nhost: a\n\r\n"),
+        ("obs-fold", "GET /x HTTP/1.1\r\nhost: a\r\nx-a: 1\r\n folded\r\n\r\n"),
+        ("space before colon", "GET /x HTTP/1.1\r\nhost : a\r\n\r\n"),
+        ("NUL in a value", "GET /x HTTP/1.1\r\nhost: a\r\nx-a: 1\0\r\n\r\n"),
+    ] {
+        // A second request after it: never served, the connection is closed after the 400.
+        let text = raw(e.proxy.addr, format!("{head}GET /after HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes()).await;
+        assert_eq!(statuses(&text), [400], "{what}: {text}");
+    }
+    assert!(e.upstream.lock().unwrap().is_empty(), "{:?}", e.upstream.lock().unwrap());
+}
+
+#[tokio::test]
+async fn a_head_over_max_header_bytes_gets_431() {
+    let e = env(true).await;
+    let head = format!("GET /x HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n\r\n", "a".repeat(70_000));
+    let text = raw(e.proxy.addr, head.as_bytes()).await;
+    assert_eq!(statuses(&text), [431], "{text}");
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_fenced_one_at_a_time_in_order() {
+    let e = env(true).await;
+    let text = raw(
+        e.proxy.addr,
+        b"POST /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 5\r\ncontent-length: 3\r\n\r\none\
+          GET /plain HTTP/1.1\r\nhost: a\r\n\r\n\
+          POST /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 4\r\ncontent-length: 3\r\n\r\ntwo\
+          POST /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 6\r\ncontent-length: 5\r\nconnection: close\r\n\r\nthree",
+    )
+    .await;
+    assert_eq!(statuses(&text), [200, 200, 409, 200], "{text}");
+    let seen = e.upstream.lock().unwrap().clone();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    assert!(seen[0].ends_with("one") && seen[2].ends_with("three"), "{seen:?}");
+    assert!(seen.iter().all(|s| !s.contains("two")), "{seen:?}");
+}
+
+#[tokio::test]
+async fn a_request_the_fast_path_does_not_take_moves_the_connection_to_hyper() {
+    let e = env(true).await;
+    // The second is chunked: hyper serves it and the third, from the same connection.
+    let text = raw(
+        e.proxy.addr,
+        b"GET /first HTTP/1.1\r\nhost: a\r\n\r\n\
+          POST /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 5\r\ntransfer-encoding: chunked\r\n\r\n3\r\ntwo\r\n0\r\n\r\n\
+          POST /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 3\r\ncontent-length: 5\r\nconnection: close\r\n\r\nthree",
+    )
+    .await;
+    assert_eq!(statuses(&text), [200, 200, 409], "{text}");
+    let seen = e.upstream.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert!(seen[1].contains("3\r\ntwo\r\n0\r\n\r\n"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn each_response_framing_is_relayed_where_it_ends() {
+    let e = env(true).await;
+    let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n");
+    // Keep-alive framings, pipelined on one connection, then one that closes.
+    let mut reqs = String::new();
+    for p in ["/chunked", "/no-content", "/not-modified", "/early-hints", "/hop"] {
+        reqs.push_str(&get(p));
+    }
+    reqs.push_str("HEAD /head HTTP/1.1\r\nhost: a\r\n\r\n");
+    reqs.push_str(&get("/until-close"));
+    let text = raw(e.proxy.addr, reqs.as_bytes()).await;
+    assert_eq!(statuses(&text), [200, 204, 304, 200, 200, 200, 200], "{text}");
+    assert!(text.contains("5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n"), "chunks and trailers as sent: {text}");
+    assert!(!text.contains("103") && !text.contains("100 Continue"), "{text}");
+    assert!(!text.contains("x-secret") && !text.contains("keep-alive"), "hop-by-hop: {text}");
+    assert!(text.ends_with("connection: close\r\n\r\nall of it") || text.contains("\r\n\r\nall of it"), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert_eq!(e.upstream.lock().unwrap().len(), 7);
+}
+
+#[tokio::test]
+async fn invalid_upstream_framing_is_a_502_or_a_cut_response_never_relayed() {
+    let e = env(true).await;
+    for path in ["/cl-te", "/two-cl"] {
+        let text = raw(e.proxy.addr, format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes()).await;
+        assert_eq!(statuses(&text), [502], "{path}: {text}");
+    }
+    let text = raw(e.proxy.addr, b"GET /bad-chunk HTTP/1.1\r\nhost: a\r\n\r\nGET /after HTTP/1.1\r\nhost: a\r\n\r\n").await;
+    assert_eq!(statuses(&text), [200], "{text}");
+    assert!(!text.contains("zz") && !text.contains("SMUGGLED"), "{text}");
+    assert!(!text.contains("0\r\n\r\n"), "the response is cut, never completed: {text}");
+}
+
+/// A refusal's status line, headers but `date`, and body, in order.
+fn without_date(text: &str) -> String {
+    text.split("\r\n")
+        .filter(|l| !l.starts_with("date: "))
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+#[tokio::test]
+async fn refusals_are_the_same_bytes_on_both_paths() {
+    let fast = env(true).await;
+    let hyper = env(false).await;
+    let post = |token: &str| {
+        format!("POST /orders HTTP/1.1\r\nhost: a\r\n{token}content-length: 0\r\nconnection: close\r\n\r\n")
+    };
+    // The mark goes to 9 on each.
+    for e in [&fast, &hyper] {
+        assert_eq!(statuses(&raw(e.proxy.addr, post("x-fencing-token: 9\r\n").as_bytes()).await), [200]);
+    }
+    for req in [
+        post("x-fencing-token: 3\r\n"),
+        post(""),
+        post("x-fencing-token: 05\r\n"),
+        post("x-fencing_token: 9\r\nx-fencing-token: 9\r\n"),
+        "GET /a/../orders HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n".to_owned(),
+        "GET /x HTTP/1.1\r\nhost: a..\r\nconnection: close\r\n\r\n".to_owned(),
+        "GET /x HTTP/1.1\r\nconnection: close\r\n\r\n".to_owned(),
+        "HEAD /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 3\r\nconnection: close\r\n\r\n".to_owned(),
+    ] {
+        let a = raw(fast.proxy.addr, req.as_bytes()).await;
+        let b = raw(hyper.proxy.addr, req.as_bytes()).await;
+        assert_eq!(without_date(&a), without_date(&b), "{req}");
+    }
+}
