@@ -19,6 +19,9 @@
 # Usage: benches/load.sh            (ROUNDS=1 DURATION=4 CONNS="16 64" benches/load.sh to shorten)
 #        BASELINE=/path/to/older/palisade benches/load.sh   also runs that binary, same config,
 #        interleaved, and prints this build / baseline (before/after a change).
+#        FAST_PATH=both benches/load.sh   runs palisade with `[proxy] http1_fast_path = true`
+#        ("palisade") and a second instance with it off ("hyper-path"), interleaved, and prints
+#        fast / hyper path. FAST_PATH=on or off sets it for the one palisade.
 # Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +35,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 
 cargo build --release --quiet --bin palisade
-BIN=target/release/palisade
+BIN=${CARGO_TARGET_DIR:-target}/release/palisade
 
 WORK=$(mktemp -d)
 PIDS=()
@@ -79,6 +82,10 @@ backend be
   server up 127.0.0.1:$UP
 CONF
 palisade_conf "$WORK/palisade.toml" "$PAL" "$ADM" "$UP"
+case ${FAST_PATH:-} in
+  both | on) sed -i 's/^\[proxy\]$/[proxy]\nhttp1_fast_path = true/' "$WORK/palisade.toml" ;;
+  off) sed -i 's/^\[proxy\]$/[proxy]\nhttp1_fast_path = false/' "$WORK/palisade.toml" ;;
+esac
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 "${PROXY_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' & PIDS+=($!)
@@ -99,6 +106,17 @@ if [[ -n ${BASELINE:-} ]]; then
   RUST_LOG=warn "${PROXY_CPU[@]}" "$BASELINE" run --config "$WORK/baseline/palisade.toml" 2>"$WORK/baseline.log" & PIDS+=($!)
   PID[baseline]=$!; PORT[baseline]=$BPAL; NAMES+=(baseline)
   wait_port "$BPAL"
+fi
+
+if [[ ${FAST_PATH:-} == both ]]; then
+  HPAL=$(free_port); HADM=$(free_port)
+  mkdir -p "$WORK/hyper"
+  sed -e "s/127.0.0.1:$PAL/127.0.0.1:$HPAL/" -e "s/127.0.0.1:$ADM/127.0.0.1:$HADM/" \
+    -e 's/^http1_fast_path = true$/http1_fast_path = false/' \
+    "$WORK/palisade.toml" >"$WORK/hyper/palisade.toml"
+  RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/hyper/palisade.toml" 2>"$WORK/hyper.log" & PIDS+=($!)
+  PID[hyper-path]=$!; PORT[hyper-path]=$HPAL; NAMES+=(hyper-path)
+  wait_port "$HPAL"
 fi
 
 TICK=$(getconf CLK_TCK)
@@ -144,6 +162,12 @@ for c in $CONNS; do
   if [[ -n ${BASELINE:-} ]]; then
     awk -v p="$(stat palisade "$c" 3)" -v b="$(stat baseline "$c" 3)" -v pc="$(stat palisade "$c" 5)" \
       -v bc="$(stat baseline "$c" 5)" 'BEGIN {printf "       this build / baseline: rps %.3fx, cpu per request %.3fx\n", p / b, pc / bc}'
+  fi
+  if [[ ${FAST_PATH:-} == both ]]; then
+    best=$(awk -v a="$(stat nginx "$c" 3)" -v b="$(stat haproxy "$c" 3)" 'BEGIN {print (a > b ? "nginx" : "haproxy")}')
+    awk -v p="$(stat palisade "$c" 3)" -v h="$(stat hyper-path "$c" 3)" -v pc="$(stat palisade "$c" 5)" \
+      -v hc="$(stat hyper-path "$c" 5)" -v b="$(stat "$best" "$c" 3)" -v n="$best" \
+      'BEGIN {printf "       fast path / hyper path: rps %.3fx, cpu per request %.3fx; hyper path / %s: %.2fx\n", p / h, pc / hc, n, h / b}'
   fi
 done
 echo "palisade peak RSS: $(awk '/VmHWM/ {printf "%.1f MiB", $2 / 1024}' "/proc/$PAL_PID/status")"

@@ -399,7 +399,6 @@ async fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 /// A (token 34, the mark) streams a 400-byte Content-Length body in four pieces 150 ms apart;
 /// B (token 51) arrives after A's first piece. With a 3 s drain time, B reaches the upstream
 /// only after A's body was read whole, and nothing is aborted.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_advance_waits_for_the_old_owners_slow_body() {
     let (up, proxy, _dir) = setup(3000, Some(34)).await;
     let addr = proxy.addr;
@@ -533,7 +532,6 @@ async fn slow_old_owner_is_aborted(path_a: &str, path_b: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_owner_slower_than_the_drain_time_is_aborted_http1_upstream() {
     slow_old_owner_is_aborted("/orders/a", "/orders/b").await;
 }
@@ -703,7 +701,6 @@ fn zombie_child_h1() {
 /// A client process sends half of a body under token 34 and is SIGSTOPped; B writes with 51
 /// (admitted after the 300 ms drain time); the client is resumed and sends the rest. The
 /// upstream never completes (applies) the zombie's write, and does apply B's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zombie_frozen_mid_body_http1() {
     let (up, proxy, _dir) = setup(300, Some(34)).await;
     let mut z = Zombie::spawn("zombie_child_h1", CHILD_H1, proxy.addr);
@@ -944,7 +941,6 @@ struct Sent {
 /// (Content-Length or chunked, 2-5 pieces 10-120 ms apart), HTTP/1.1 or h2c to the upstream,
 /// a 150 ms drain time. At the upstream, no request completes after a request with a higher
 /// token started.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stress_no_lower_token_completes_after_a_higher_one_started() {
     let (up, proxy, _dir) = setup(150, None).await;
     let seed = std::env::var("DRAIN_STRESS_SEED")
@@ -1214,3 +1210,12 @@ async fn aborted_grpc_streams_never_end_cleanly_at_a_tonic_upstream() {
         drop(tx);
     }
 }
+
+// The HTTP/1.1 drain tests run on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    #[flavor = "multi_thread", worker_threads = 2]
+    an_advance_waits_for_the_old_owners_slow_body,
+    an_old_owner_slower_than_the_drain_time_is_aborted_http1_upstream,
+    zombie_frozen_mid_body_http1,
+    stress_no_lower_token_completes_after_a_higher_one_started,
+);

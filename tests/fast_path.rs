@@ -114,7 +114,10 @@ async fn raw_upstream() -> (SocketAddr, Received) {
                         })
                         .unwrap_or(0);
                     // A chunked body (served by hyper's path) is read up to its last chunk.
-                    let len = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+                    let len = if head
+                        .to_ascii_lowercase()
+                        .contains("transfer-encoding: chunked")
+                    {
                         loop {
                             if let Some(at) = find(&buf[end + 4..], b"0\r\n\r\n") {
                                 break at + 5;
@@ -208,13 +211,20 @@ async fn ambiguous_request_framing_is_refused_with_400_and_the_connection_closed
         let text = raw(e.proxy.addr, format!("{head}GET /after HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes()).await;
         assert_eq!(statuses(&text), [400], "{what}: {text}");
     }
-    assert!(e.upstream.lock().unwrap().is_empty(), "{:?}", e.upstream.lock().unwrap());
+    assert!(
+        e.upstream.lock().unwrap().is_empty(),
+        "{:?}",
+        e.upstream.lock().unwrap()
+    );
 }
 
 #[tokio::test]
 async fn a_head_over_max_header_bytes_gets_431() {
     let e = env(true).await;
-    let head = format!("GET /x HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n\r\n", "a".repeat(70_000));
+    let head = format!(
+        "GET /x HTTP/1.1\r\nhost: a\r\nx-big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
     let text = raw(e.proxy.addr, head.as_bytes()).await;
     assert_eq!(statuses(&text), [431], "{text}");
 }
@@ -233,7 +243,10 @@ async fn pipelined_requests_are_fenced_one_at_a_time_in_order() {
     assert_eq!(statuses(&text), [200, 200, 409, 200], "{text}");
     let seen = e.upstream.lock().unwrap().clone();
     assert_eq!(seen.len(), 3, "{seen:?}");
-    assert!(seen[0].ends_with("one") && seen[2].ends_with("three"), "{seen:?}");
+    assert!(
+        seen[0].ends_with("one") && seen[2].ends_with("three"),
+        "{seen:?}"
+    );
     assert!(seen.iter().all(|s| !s.contains("two")), "{seen:?}");
 }
 
@@ -260,17 +273,39 @@ async fn each_response_framing_is_relayed_where_it_ends() {
     let get = |path: &str| format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n");
     // Keep-alive framings, pipelined on one connection, then one that closes.
     let mut reqs = String::new();
-    for p in ["/chunked", "/no-content", "/not-modified", "/early-hints", "/hop"] {
+    for p in [
+        "/chunked",
+        "/no-content",
+        "/not-modified",
+        "/early-hints",
+        "/hop",
+    ] {
         reqs.push_str(&get(p));
     }
     reqs.push_str("HEAD /head HTTP/1.1\r\nhost: a\r\n\r\n");
     reqs.push_str(&get("/until-close"));
     let text = raw(e.proxy.addr, reqs.as_bytes()).await;
-    assert_eq!(statuses(&text), [200, 204, 304, 200, 200, 200, 200], "{text}");
-    assert!(text.contains("5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n"), "chunks and trailers as sent: {text}");
-    assert!(!text.contains("103") && !text.contains("100 Continue"), "{text}");
-    assert!(!text.contains("x-secret") && !text.contains("keep-alive"), "hop-by-hop: {text}");
-    assert!(text.ends_with("connection: close\r\n\r\nall of it") || text.contains("\r\n\r\nall of it"), "{text}");
+    assert_eq!(
+        statuses(&text),
+        [200, 204, 304, 200, 200, 200, 200],
+        "{text}"
+    );
+    assert!(
+        text.contains("5;ext=1\r\nhello\r\n0\r\nx-t: 1\r\n\r\n"),
+        "chunks and trailers as sent: {text}"
+    );
+    assert!(
+        !text.contains("103") && !text.contains("100 Continue"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("x-secret") && !text.contains("keep-alive"),
+        "hop-by-hop: {text}"
+    );
+    assert!(
+        text.ends_with("connection: close\r\n\r\nall of it") || text.contains("\r\n\r\nall of it"),
+        "{text}"
+    );
     assert!(text.contains("connection: close"), "{text}");
     assert_eq!(e.upstream.lock().unwrap().len(), 7);
 }
@@ -279,13 +314,24 @@ async fn each_response_framing_is_relayed_where_it_ends() {
 async fn invalid_upstream_framing_is_a_502_or_a_cut_response_never_relayed() {
     let e = env(true).await;
     for path in ["/cl-te", "/two-cl"] {
-        let text = raw(e.proxy.addr, format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes()).await;
+        let text = raw(
+            e.proxy.addr,
+            format!("GET {path} HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes(),
+        )
+        .await;
         assert_eq!(statuses(&text), [502], "{path}: {text}");
     }
-    let text = raw(e.proxy.addr, b"GET /bad-chunk HTTP/1.1\r\nhost: a\r\n\r\nGET /after HTTP/1.1\r\nhost: a\r\n\r\n").await;
+    let text = raw(
+        e.proxy.addr,
+        b"GET /bad-chunk HTTP/1.1\r\nhost: a\r\n\r\nGET /after HTTP/1.1\r\nhost: a\r\n\r\n",
+    )
+    .await;
     assert_eq!(statuses(&text), [200], "{text}");
     assert!(!text.contains("zz") && !text.contains("SMUGGLED"), "{text}");
-    assert!(!text.contains("0\r\n\r\n"), "the response is cut, never completed: {text}");
+    assert!(
+        !text.contains("0\r\n\r\n"),
+        "the response is cut, never completed: {text}"
+    );
 }
 
 /// A refusal's status line, headers but `date`, and body, in order.
@@ -305,7 +351,10 @@ async fn refusals_are_the_same_bytes_on_both_paths() {
     };
     // The mark goes to 9 on each.
     for e in [&fast, &hyper] {
-        assert_eq!(statuses(&raw(e.proxy.addr, post("x-fencing-token: 9\r\n").as_bytes()).await), [200]);
+        assert_eq!(
+            statuses(&raw(e.proxy.addr, post("x-fencing-token: 9\r\n").as_bytes()).await),
+            [200]
+        );
     }
     for req in [
         post("x-fencing-token: 3\r\n"),
@@ -315,7 +364,8 @@ async fn refusals_are_the_same_bytes_on_both_paths() {
         "GET /a/../orders HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n".to_owned(),
         "GET /x HTTP/1.1\r\nhost: a..\r\nconnection: close\r\n\r\n".to_owned(),
         "GET /x HTTP/1.1\r\nconnection: close\r\n\r\n".to_owned(),
-        "HEAD /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 3\r\nconnection: close\r\n\r\n".to_owned(),
+        "HEAD /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 3\r\nconnection: close\r\n\r\n"
+            .to_owned(),
     ] {
         let a = raw(fast.proxy.addr, req.as_bytes()).await;
         let b = raw(hyper.proxy.addr, req.as_bytes()).await;

@@ -289,7 +289,6 @@ async fn request_status(p: &ProxyProcess) -> StatusCode {
         .status
 }
 
-#[tokio::test]
 async fn two_thousand_idle_connections_do_not_lock_out_new_clients() {
     const SILENT: usize = 2000;
     const HEADER_READ: Duration = Duration::from_millis(3000);
@@ -412,7 +411,6 @@ async fn two_thousand_idle_connections_do_not_lock_out_new_clients() {
     assert_eq!(request_status(&p).await, StatusCode::OK);
 }
 
-#[tokio::test]
 async fn max_connections_accepts_and_closes_the_excess() {
     const MAX: usize = 50;
     const EXTRA: usize = 20;
@@ -486,7 +484,6 @@ async fn max_connections_accepts_and_closes_the_excess() {
     );
 }
 
-#[tokio::test]
 async fn out_of_descriptors_does_not_spin_and_recovers() {
     const LIMIT: u64 = 256;
     const CLIENTS: usize = 400;
@@ -616,3 +613,10 @@ async fn out_of_descriptors_does_not_spin_and_recovers() {
     );
     assert_eq!(value(&p, &closed_series("max_connections")).await, 0.0);
 }
+
+// Every test above runs on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    two_thousand_idle_connections_do_not_lock_out_new_clients,
+    max_connections_accepts_and_closes_the_excess,
+    out_of_descriptors_does_not_spin_and_recovers,
+);

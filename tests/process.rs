@@ -401,7 +401,5 @@ async fn health_asks_the_admin_endpoint_and_fails_once_the_proxy_is_gone() {
 }
 
 // These two run twice: on hyper's data path and on the HTTP/1.1 fast path.
-support::on_both_paths!(
-    a_mark_survives_kill_9_and_the_zombie_is_still_rejected,
-);
+support::on_both_paths!(a_mark_survives_kill_9_and_the_zombie_is_still_rejected,);
 support::on_both_paths!(#[flavor = "multi_thread", worker_threads = 2] large_uploads_and_downloads_stream_with_bounded_memory);

@@ -42,33 +42,25 @@ pub fn fast_path() -> Option<bool> {
 /// `[proxy] http1_fast_path` off, then on. One body, both data paths.
 #[allow(unused_macros)]
 macro_rules! on_both_paths {
-    (#[$($args:tt)*] $($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test($($args)*)]
-                async fn hyper_path() {
-                    crate::support::FAST_PATH.scope(false, super::$name()).await
-                }
-                #[tokio::test($($args)*)]
-                async fn fast_path() {
-                    crate::support::FAST_PATH.scope(true, super::$name()).await
-                }
+    (@each [$($args:tt)*]) => {};
+    (@each [$($args:tt)*] $name:ident $(, $rest:ident)*) => {
+        mod $name {
+            #[tokio::test($($args)*)]
+            async fn hyper_path() {
+                crate::support::FAST_PATH.scope(false, super::$name()).await
             }
-        )*
+            #[tokio::test($($args)*)]
+            async fn fast_path() {
+                crate::support::FAST_PATH.scope(true, super::$name()).await
+            }
+        }
+        crate::support::on_both_paths!(@each [$($args)*] $($rest),*);
+    };
+    (#[$($args:tt)*] $($name:ident),* $(,)?) => {
+        crate::support::on_both_paths!(@each [$($args)*] $($name),*);
     };
     ($($name:ident),* $(,)?) => {
-        $(
-            mod $name {
-                #[tokio::test]
-                async fn hyper_path() {
-                    crate::support::FAST_PATH.scope(false, super::$name()).await
-                }
-                #[tokio::test]
-                async fn fast_path() {
-                    crate::support::FAST_PATH.scope(true, super::$name()).await
-                }
-            }
-        )*
+        crate::support::on_both_paths!(@each [flavor = "current_thread"] $($name),*);
     };
 }
 #[allow(unused_imports)]
@@ -406,8 +398,15 @@ fn with_fast_path(config: &Path) -> PathBuf {
         return config.to_owned();
     };
     let text = std::fs::read_to_string(config).unwrap();
-    assert!(text.contains("[proxy]\n"), "the config needs a [proxy] table");
-    let text = text.replacen("[proxy]\n", &format!("[proxy]\nhttp1_fast_path = {on}\n"), 1);
+    assert!(
+        text.contains("[proxy]\n"),
+        "the config needs a [proxy] table"
+    );
+    let text = text.replacen(
+        "[proxy]\n",
+        &format!("[proxy]\nhttp1_fast_path = {on}\n"),
+        1,
+    );
     let copy = config.with_extension(if on { "fast.toml" } else { "hyper.toml" });
     std::fs::write(&copy, text).unwrap();
     copy
@@ -539,6 +538,7 @@ pub fn spawn_proxy_with_nofile(
     soft: u64,
     hard: Option<u64>,
 ) -> Result<ProxyProcess, (Option<i32>, String)> {
+    let config = &with_fast_path(config);
     // Soft first: lowering the hard limit below the current soft limit would fail.
     let mut script = format!("ulimit -S -n {soft}");
     if let Some(hard) = hard {

@@ -89,9 +89,7 @@ impl Proxy {
                 }),
             })
             .collect();
-        let all_fast = routes
-            .iter()
-            .all(|r| Proxy::fast_route(r, &upstreams));
+        let all_fast = routes.iter().all(|r| Proxy::fast_route(r, &upstreams));
         let proxy = Self {
             all_fast,
             routes,

@@ -4,9 +4,9 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{HeaderMap, HeaderValue};
 use http::{Method, Request, Response};
-use bytes::Bytes;
 use http_body_util::Full;
 
 use super::request::token_alias;

@@ -39,7 +39,11 @@ pub(super) struct Head<'a> {
 /// Turns the client's request into the upstream request, in place.
 pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<RequestBody> {
     let (mut parts, body) = req.into_parts();
-    let strip = f.head.route.strip_token.then(|| f.head.token_header.clone());
+    let strip = f
+        .head
+        .route
+        .strip_token
+        .then(|| f.head.token_header.clone());
     rewrite_head(&mut parts, f.head);
     Request::from_parts(parts, RequestBody::new(body, strip, f.ticket, f.limit))
 }

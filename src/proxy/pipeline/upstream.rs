@@ -39,7 +39,8 @@ impl Upstream {
             Protocol::Http1 => Via::Affine(Arc::new(IdlePool::new(settings.idle_timeout))),
             Protocol::H2c | Protocol::H2 => Via::Pooled(Box::new(h2c_client(settings, &dialer))),
         };
-        let plain_http1 = settings.protocol == Protocol::Http1 && settings.scheme == http::uri::Scheme::HTTP;
+        let plain_http1 =
+            settings.protocol == Protocol::Http1 && settings.scheme == http::uri::Scheme::HTTP;
         Self {
             settings: settings.clone(),
             dialer,

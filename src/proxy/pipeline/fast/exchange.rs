@@ -134,8 +134,15 @@ impl Conn {
             Some(Err(Failed::Upstream(rejection))) => {
                 let m = &route.metrics;
                 m.duration.observe(started.elapsed().as_secs_f64());
-                let refused =
-                    proxy.upstream_failed(route, upstream, rejection, token, grpc2, self.peer.addr, note);
+                let refused = proxy.upstream_failed(
+                    route,
+                    upstream,
+                    rejection,
+                    token,
+                    grpc2,
+                    self.peer.addr,
+                    note,
+                );
                 return self.answer_failed(refused, head_request, logged).await;
             }
             Some(Ok(a)) => a,
@@ -243,75 +250,75 @@ impl Conn {
             ..
         } = self;
         let (head, sent_whole) = {
-        let (mut up_read, mut up_write) = sock.tcp.split();
-        let upload = async {
-            up_write
-                .write_all(&out[written..])
-                .await
-                .map_err(|e| Some(fail(&e)))?;
-            scratch.resize(BODY_CHUNK, 0);
-            while left > 0 {
-                let want = usize::try_from(left).unwrap_or(usize::MAX).min(BODY_CHUNK);
-                let n = match client.read(&mut scratch[..want]).await {
-                    Ok(0) | Err(_) => return Err(None),
-                    Ok(n) => n,
-                };
+            let (mut up_read, mut up_write) = sock.tcp.split();
+            let upload = async {
                 up_write
-                    .write_all(&scratch[..n])
+                    .write_all(&out[written..])
                     .await
                     .map_err(|e| Some(fail(&e)))?;
-                left -= n as u64;
-            }
-            Ok::<(), Option<Failed>>(())
-        };
-        let download = async {
-            loop {
-                match response::parse(ubuf, head_request) {
-                    Ok(Read::Final(h)) => return Ok(h),
-                    Ok(Read::Informational(n)) => {
-                        ubuf.drain(..n);
-                    }
-                    Ok(Read::Partial) => {
-                        ubuf.reserve(BODY_CHUNK);
-                        match up_read.read_buf(ubuf).await {
-                            Ok(0) => {
-                                return Err(Failed::Upstream(Rejection::UpstreamFailed(
-                                    "the upstream closed the connection before a response"
-                                        .to_owned(),
-                                )))
+                scratch.resize(BODY_CHUNK, 0);
+                while left > 0 {
+                    let want = usize::try_from(left).unwrap_or(usize::MAX).min(BODY_CHUNK);
+                    let n = match client.read(&mut scratch[..want]).await {
+                        Ok(0) | Err(_) => return Err(None),
+                        Ok(n) => n,
+                    };
+                    up_write
+                        .write_all(&scratch[..n])
+                        .await
+                        .map_err(|e| Some(fail(&e)))?;
+                    left -= n as u64;
+                }
+                Ok::<(), Option<Failed>>(())
+            };
+            let download = async {
+                loop {
+                    match response::parse(ubuf, head_request) {
+                        Ok(Read::Final(h)) => return Ok(h),
+                        Ok(Read::Informational(n)) => {
+                            ubuf.drain(..n);
+                        }
+                        Ok(Read::Partial) => {
+                            ubuf.reserve(BODY_CHUNK);
+                            match up_read.read_buf(ubuf).await {
+                                Ok(0) => {
+                                    return Err(Failed::Upstream(Rejection::UpstreamFailed(
+                                        "the upstream closed the connection before a response"
+                                            .to_owned(),
+                                    )))
+                                }
+                                Ok(_) => {}
+                                Err(e) => return Err(fail(&e)),
                             }
-                            Ok(_) => {}
-                            Err(e) => return Err(fail(&e)),
+                        }
+                        Err(e) => return Err(fail(&e)),
+                    }
+                }
+            };
+            tokio::pin!(upload, download);
+            // The upstream may answer before it read the whole body (an early 413): the answer is
+            // relayed, and neither connection is reused.
+            let mut uploading = true;
+            let mut sent_whole = false;
+            let mut upload_failed = None;
+            let head = loop {
+                tokio::select! {
+                    r = &mut upload, if uploading => {
+                        uploading = false;
+                        match r {
+                            Ok(()) => sent_whole = true,
+                            Err(None) => return Err(Failed::ClientGone),
+                            // A write failed: the upstream may still have answered.
+                            Err(Some(f)) => upload_failed = Some(f),
                         }
                     }
-                    Err(e) => return Err(fail(&e)),
+                    r = &mut download => break r,
                 }
+            };
+            match (head, upload_failed) {
+                (Ok(h), _) => (h, sent_whole),
+                (Err(_), Some(f)) | (Err(f), None) => return Err(f),
             }
-        };
-        tokio::pin!(upload, download);
-        // The upstream may answer before it read the whole body (an early 413): the answer is
-        // relayed, and neither connection is reused.
-        let mut uploading = true;
-        let mut sent_whole = false;
-        let mut upload_failed = None;
-        let head = loop {
-            tokio::select! {
-                r = &mut upload, if uploading => {
-                    uploading = false;
-                    match r {
-                        Ok(()) => sent_whole = true,
-                        Err(None) => return Err(Failed::ClientGone),
-                        // A write failed: the upstream may still have answered.
-                        Err(Some(f)) => upload_failed = Some(f),
-                    }
-                }
-                r = &mut download => break r,
-            }
-        };
-        match (head, upload_failed) {
-            (Ok(h), _) => (h, sent_whole),
-            (Err(_), Some(f)) | (Err(f), None) => return Err(f),
-        }
         };
         Ok(Answer {
             head,

@@ -21,8 +21,8 @@
 //!   one's response has been relayed whole.
 
 mod exchange;
-mod relay;
 mod head;
+mod relay;
 mod response;
 mod upstream;
 mod write;
@@ -39,8 +39,10 @@ use super::{Affinity, Proxy, Routed};
 use crate::config::Protocol;
 use crate::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
 
-/// The first read asks for this much; the buffer grows up to `max_header_bytes` for a head.
-const READ_SIZE: usize = 16 * 1024;
+/// Each read asks for at least this much room; the buffer grows (up to `max_header_bytes` for
+/// a head) only for heads that need it. Small, because an idle connection keeps its buffer:
+/// 2000 idle connections must stay well under the RSS budget (`tests/limits.rs`).
+const READ_SIZE: usize = 4 * 1024;
 
 /// Serves `conn` on the fast path, with the configuration current at each request; hands it
 /// to hyper when a request is not for the fast path.
@@ -51,7 +53,7 @@ pub fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFu
             peer: conn.peer,
             activity: conn.activity,
             max_head: conn.max_header_bytes.max(crate::config::MIN_HEADER_BYTES),
-            buf: Vec::with_capacity(READ_SIZE),
+            buf: Vec::new(),
             start: 0,
             up: Kept(None),
             ubuf: Vec::new(),
@@ -211,10 +213,11 @@ impl Proxy {
     }
 
     /// Whether requests routed to `r` can take the fast path.
-    pub(super) fn fast_route(r: &super::Route, upstreams: &[Arc<super::upstream::Upstream>]) -> bool {
+    pub(super) fn fast_route(
+        r: &super::Route,
+        upstreams: &[Arc<super::upstream::Upstream>],
+    ) -> bool {
         let u = &upstreams[r.settings.upstream];
-        !r.settings.websocket
-            && u.settings.protocol == Protocol::Http1
-            && u.raw_idle.is_some()
+        !r.settings.websocket && u.settings.protocol == Protocol::Http1 && u.raw_idle.is_some()
     }
 }

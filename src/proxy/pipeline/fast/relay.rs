@@ -39,10 +39,7 @@ impl Conn {
         } = head;
         strip_hop_by_hop(&mut headers, &proxy.header);
         let Conn {
-            client,
-            out,
-            ubuf,
-            ..
+            client, out, ubuf, ..
         } = self;
         out.clear();
         out.extend_from_slice(b"HTTP/1.1 ");

@@ -117,20 +117,18 @@ pub(super) fn parse(buf: &[u8], head_request: bool) -> Result<Read, Invalid> {
     if chunked && length.is_some() {
         return Err(Invalid("both Content-Length and Transfer-Encoding"));
     }
-    let framing = if head_request
-        || status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-    {
-        Framing::Empty
-    } else if chunked {
-        Framing::Chunked
-    } else {
-        match length {
-            Some(0) => Framing::Empty,
-            Some(n) => Framing::Length(n),
-            None => Framing::Close,
-        }
-    };
+    let framing =
+        if head_request || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+            Framing::Empty
+        } else if chunked {
+            Framing::Chunked
+        } else {
+            match length {
+                Some(0) => Framing::Empty,
+                Some(n) => Framing::Length(n),
+                None => Framing::Close,
+            }
+        };
     Ok(Read::Final(ResponseHead {
         len,
         status,
@@ -236,7 +234,9 @@ impl Chunks {
                 (State::TrailerStart | State::Trailer, b'\n') => {
                     return Err(Invalid("bare LF in a trailer"))
                 }
-                (State::TrailerStart | State::Trailer, b) if b != b'\t' && (b < 0x20 || b == 0x7f) => {
+                (State::TrailerStart | State::Trailer, b)
+                    if b != b'\t' && (b < 0x20 || b == 0x7f) =>
+                {
                     return Err(Invalid("control byte in a trailer"))
                 }
                 (State::TrailerStart | State::Trailer, _) => State::Trailer,
@@ -301,13 +301,37 @@ mod tests {
             Ok(Read::Partial) => Err("partial"),
             Err(e) => Err(e.0),
         };
-        assert_eq!(f("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", false), Ok(Framing::Length(2)));
-        assert_eq!(f("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", true), Ok(Framing::Empty));
-        assert_eq!(f("HTTP/1.1 204 No Content\r\n\r\n", false), Ok(Framing::Empty));
-        assert_eq!(f("HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n", false), Ok(Framing::Empty));
-        assert_eq!(f("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n", false), Ok(Framing::Chunked));
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", false),
+            Ok(Framing::Length(2))
+        );
+        assert_eq!(
+            f("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", true),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            f("HTTP/1.1 204 No Content\r\n\r\n", false),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            f(
+                "HTTP/1.1 304 Not Modified\r\ncontent-length: 9\r\n\r\n",
+                false
+            ),
+            Ok(Framing::Empty)
+        );
+        assert_eq!(
+            f(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n",
+                false
+            ),
+            Ok(Framing::Chunked)
+        );
         assert_eq!(f("HTTP/1.1 200 OK\r\n\r\n", false), Ok(Framing::Close));
-        assert!(matches!(f("HTTP/1.1 100 Continue\r\n\r\n", false), Ok(Framing::Length(_))));
+        assert!(matches!(
+            f("HTTP/1.1 100 Continue\r\n\r\n", false),
+            Ok(Framing::Length(_))
+        ));
         for bad in [
             "HTTP/1.1 101 Switching Protocols\r\n\r\n",
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n",

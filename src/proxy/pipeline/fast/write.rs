@@ -60,9 +60,10 @@ pub(super) fn refusal(
     let body = full_bytes(body);
     status_line(out, parts.status);
     if closing && !parts.headers.contains_key(header::CONNECTION) {
-        parts
-            .headers
-            .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        parts.headers.insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
     }
     headers(out, &parts.headers);
     if !parts.headers.contains_key(header::CONTENT_LENGTH) {
