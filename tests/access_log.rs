@@ -70,7 +70,6 @@ fn lines(path: &Path) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test]
 async fn json_lines_name_route_status_outcome_token_mark_and_upstream() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -151,7 +150,6 @@ async fn json_lines_name_route_status_outcome_token_mark_and_upstream() {
     }
 }
 
-#[tokio::test]
 async fn text_lines_are_key_value_pairs() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -202,7 +200,6 @@ async fn text_lines_are_key_value_pairs() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_that_cannot_be_written_counts_errors_and_never_fails_a_request() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -238,7 +235,6 @@ async fn a_log_that_cannot_be_written_counts_errors_and_never_fails_a_request() 
 
 /// What logrotate does: rename the file, then SIGUSR1. Lines written before the signal stay
 /// in the renamed file; after it, palisade writes to a new file at the configured path.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigusr1_after_a_rename_writes_to_a_new_file() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -301,7 +297,6 @@ fn path_dash_writes_json_lines_to_stderr() {
     assert_eq!(line["upstream"], "legacy");
 }
 
-#[tokio::test]
 async fn a_reload_turns_the_access_log_on_and_moves_it_without_losing_lines() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
@@ -355,7 +350,6 @@ async fn hanging_upstream() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) 
     (addr, arrived)
 }
 
-#[tokio::test]
 async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, arrived) = hanging_upstream().await;
@@ -377,3 +371,16 @@ async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
     assert_eq!(v["mark"], 8);
     assert_eq!(v["upstream"], "legacy");
 }
+
+// These run on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    json_lines_name_route_status_outcome_token_mark_and_upstream,
+    text_lines_are_key_value_pairs,
+    a_reload_turns_the_access_log_on_and_moves_it_without_losing_lines,
+    a_client_that_hangs_up_before_its_answer_is_logged_as_499,
+);
+support::on_both_paths!(
+    #[flavor = "multi_thread", worker_threads = 2]
+    a_log_that_cannot_be_written_counts_errors_and_never_fails_a_request,
+    sigusr1_after_a_rename_writes_to_a_new_file,
+);

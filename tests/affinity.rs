@@ -154,7 +154,6 @@ async fn wait_no_client_connections(proxy: &support::Proxy) {
     panic!("client connections stayed open");
 }
 
-#[tokio::test]
 async fn a_client_connections_requests_share_one_upstream_connection() {
     let (up, proxy, _dir) = setup(None).await;
     let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
@@ -175,7 +174,6 @@ async fn a_client_connections_requests_share_one_upstream_connection() {
     );
 }
 
-#[tokio::test]
 async fn short_client_connections_take_over_idle_upstream_connections() {
     let (up, proxy, _dir) = setup(None).await;
     for i in 0..10 {
@@ -193,7 +191,6 @@ async fn short_client_connections_take_over_idle_upstream_connections() {
     );
 }
 
-#[tokio::test]
 async fn an_upstream_connection_closed_while_idle_is_replaced_not_used() {
     // The upstream closes connections idle for 50 ms; the client waits longer between its
     // requests, so every request after the first finds its upstream connection closed.
@@ -243,7 +240,6 @@ async fn concurrent_http2_streams_to_an_http1_upstream_reuse_connections() {
     );
 }
 
-#[tokio::test]
 async fn absolute_form_requests_reach_the_upstream_in_origin_form() {
     let (up, proxy, _dir) = setup(None).await;
     let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
@@ -257,3 +253,11 @@ async fn absolute_form_requests_reach_the_upstream_in_origin_form() {
     assert!(head.starts_with("get /items/1?x=1 http/1.1\r\n"), "{head}");
     assert!(head.contains("\r\nhost: api.test\r\n"), "{head}");
 }
+
+// These run on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    a_client_connections_requests_share_one_upstream_connection,
+    short_client_connections_take_over_idle_upstream_connections,
+    an_upstream_connection_closed_while_idle_is_replaced_not_used,
+    absolute_form_requests_reach_the_upstream_in_origin_form,
+);

@@ -118,7 +118,6 @@ async fn get_fresh(url: &str) -> support::Got {
     support::get(url).await
 }
 
-#[tokio::test]
 async fn an_upstream_with_a_dead_address_answers_every_request() {
     let (live, seen) = upstream().await;
     let dead = dead_address().await;
@@ -144,7 +143,6 @@ async fn an_upstream_with_a_dead_address_answers_every_request() {
     assert_eq!(seen.heads.lock().unwrap().len(), 34);
 }
 
-#[tokio::test]
 async fn an_ejected_address_is_skipped_until_its_fail_timeout() {
     let (live, _seen) = upstream().await;
     let dead = dead_address().await;
@@ -191,7 +189,6 @@ fail_timeout_ms = 60000"#
     );
 }
 
-#[tokio::test]
 async fn a_stopped_upstream_gives_502_quickly() {
     let dead = dead_address().await;
     let (p, _dir) = proxy(&config(
@@ -211,7 +208,6 @@ async fn a_stopped_upstream_gives_502_quickly() {
     );
 }
 
-#[tokio::test]
 async fn a_slow_upstream_gives_504_after_the_routes_timeout() {
     let (live, _seen) = upstream().await;
     let (p, _dir) = proxy(&config(
@@ -267,7 +263,6 @@ async fn breaking_upstream() -> (SocketAddr, Arc<Mutex<usize>>) {
     (addr, count)
 }
 
-#[tokio::test]
 async fn a_post_whose_upstream_breaks_after_the_body_gets_502_and_is_sent_once() {
     let (addr, count) = breaking_upstream().await;
     let (p, _dir) = proxy(&config(&format!("url = \"http://{addr}\""), "")).await;
@@ -293,7 +288,6 @@ async fn a_post_whose_upstream_breaks_after_the_body_gets_502_and_is_sent_once()
     );
 }
 
-#[tokio::test]
 async fn bodies_over_max_body_bytes_get_413_and_never_reach_the_upstream_whole() {
     let (live, seen) = upstream().await;
     let (p, _dir) = proxy(&config(
@@ -355,7 +349,6 @@ async fn bodies_over_max_body_bytes_get_413_and_never_reach_the_upstream_whole()
     );
 }
 
-#[tokio::test]
 async fn a_request_head_over_max_header_bytes_gets_431() {
     let (live, seen) = upstream().await;
     let text = config(&format!("url = \"http://{live}\""), "").replace(
@@ -506,7 +499,6 @@ async fn wait_for_checks(checks: &std::sync::atomic::AtomicUsize, more_than: usi
     panic!("no health check arrived");
 }
 
-#[tokio::test]
 async fn an_address_failing_its_health_check_gets_no_traffic_until_it_passes() {
     use std::sync::atomic::{AtomicU16, Ordering};
     let health = Arc::new(AtomicU16::new(503));
@@ -552,3 +544,15 @@ health_check_interval_ms = 50"#
         "a recovered address got no requests"
     );
 }
+
+// These run on hyper's data path and on the HTTP/1.1 fast path.
+support::on_both_paths!(
+    an_upstream_with_a_dead_address_answers_every_request,
+    an_ejected_address_is_skipped_until_its_fail_timeout,
+    a_stopped_upstream_gives_502_quickly,
+    a_slow_upstream_gives_504_after_the_routes_timeout,
+    a_post_whose_upstream_breaks_after_the_body_gets_502_and_is_sent_once,
+    bodies_over_max_body_bytes_get_413_and_never_reach_the_upstream_whole,
+    a_request_head_over_max_header_bytes_gets_431,
+    an_address_failing_its_health_check_gets_no_traffic_until_it_passes,
+);

@@ -168,8 +168,14 @@ impl Conn {
         }
         match relayed {
             Some(Ok(after)) if !close => after,
-            // Aborted mid-response, or failed: the client sees the response cut short.
-            _ => After::Close,
+            Some(Ok(_)) => After::Close,
+            // Aborted by a newer owner's drain mid-response, or cut (the upstream failed or
+            // broke its framing): the client's connection is reset, so that the client cannot
+            // take a cut response for a whole one.
+            None | Some(Err(_)) => {
+                let _ = self.client.set_zero_linger();
+                After::Close
+            }
         }
     }
 

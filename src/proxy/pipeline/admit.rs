@@ -1,0 +1,202 @@
+//! The checks every request passes before its upstream exchange, in one place for hyper's
+//! path and the HTTP/1.1 fast path: path normal form, host, routing, method rules, the GET-body
+//! rule, `max_body_bytes` and the fence.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Request, Response};
+use http_body_util::Full;
+
+use super::body::{BodyLimit, InflightGuard};
+use super::note::Note;
+use super::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
+use super::upstream::Upstream;
+use super::{Proxy, Route, Routed};
+use crate::config::GetBodies;
+use crate::drain::Ticket;
+use crate::metrics::Outcome;
+use crate::path::{self, PathError};
+use crate::reject::Rejection;
+
+/// A request that passed [`Proxy::admit`]: what the upstream exchange needs to know.
+pub(super) struct Admitted<'a> {
+    pub(super) route: &'a Route,
+    pub(super) upstream: &'a Arc<Upstream>,
+    pub(super) outcome: Outcome,
+    pub(super) token: Option<u64>,
+    /// A guarded request's drain ticket: held until its upstream exchange is over.
+    pub(super) ticket: Option<Ticket>,
+    /// The normal form of the path, when it differs from the request's.
+    pub(super) rewritten: Option<String>,
+    /// The client's `host[:port]` without its trailing dot, when it had one.
+    pub(super) normalized_host: Option<String>,
+    /// A body on a bodiless method: close the upstream connection after this request.
+    pub(super) close_upstream: bool,
+    /// `max_body_bytes` for a body whose length is not known up front.
+    pub(super) limit: Option<BodyLimit>,
+    pub(super) inflight: InflightGuard,
+    pub(super) grpc: Option<HeaderValue>,
+}
+
+impl Proxy {
+    /// Everything before the upstream exchange, shared by hyper's path ([`Proxy::serve`]) and
+    /// the HTTP/1.1 fast path (`fast`): path normal form, host, routing, method rules, the
+    /// GET-body rule, `max_body_bytes` and the fence. Only the request's head is read (and its
+    /// body's size hint): both paths judge a request by exactly the same code.
+    ///
+    /// `Err` is the refusal to send, already counted, logged and noted.
+    pub(super) async fn admit<'a, B: http_body::Body>(
+        &'a self,
+        req: &Request<B>,
+        peer: std::net::SocketAddr,
+        started: Instant,
+        note: &mut Note<'a>,
+    ) -> Result<Admitted<'a>, Response<Full<Bytes>>> {
+        let grpc = grpc_content_type(req.headers());
+
+        let normalized = match path::normalize(req.uri().path()) {
+            Ok(p) if self.require_nfkc_paths && !path::is_nfkc(&p) => Err(PathError::NotNfkc),
+            r => r,
+        };
+        let normalized = match normalized {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(self.refuse_unrouted(
+                    Rejection::BadPath(Box::new(e)),
+                    Outcome::Malformed,
+                    grpc,
+                    peer,
+                    req,
+                    note,
+                ))
+            }
+        };
+        let host = match request_host(req) {
+            Ok(h) => h,
+            Err(why) => {
+                return Err(self.refuse_unrouted(
+                    Rejection::BadRequest(why),
+                    Outcome::Malformed,
+                    grpc,
+                    peer,
+                    req,
+                    note,
+                ))
+            }
+        };
+        let route = match self.route(req.method(), host.host, &path::match_key(&normalized)) {
+            Routed::To(r) => r,
+            Routed::MethodNotAllowed(r) => {
+                let allow = r.allow.clone();
+                note.route = Some(r);
+                let mut resp = self.refuse(
+                    r,
+                    Rejection::MethodNotAllowed,
+                    (Outcome::MethodNotAllowed, None),
+                    grpc,
+                    peer,
+                    started,
+                    note,
+                );
+                if let Some(a) = allow {
+                    resp.headers_mut().insert(http::header::ALLOW, a);
+                }
+                return Err(resp);
+            }
+            Routed::Nowhere => {
+                return Err(self.refuse_unrouted(
+                    Rejection::NoRoute,
+                    Outcome::NoRoute,
+                    grpc,
+                    peer,
+                    req,
+                    note,
+                ))
+            }
+        };
+        note.route = Some(route);
+        // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
+        // the next request on its connection, a request palisade never checked.
+        let close_upstream = is_bodiless_method(req.method()) && has_body(req);
+        if close_upstream && route.settings.get_bodies == GetBodies::Reject {
+            let why = Rejection::BadRequest(
+                "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
+            );
+            let mut resp = self.refuse(
+                route,
+                why,
+                (Outcome::Malformed, None),
+                grpc,
+                peer,
+                started,
+                note,
+            );
+            // The unread body must not be parsed as this connection's next request either.
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(resp);
+        }
+        // Routing judged the host without a trailing dot; the upstream must see the same.
+        let normalized_host = host.trailing_dot.then(|| match host.port {
+            Some(p) => format!("{}:{p}", host.host),
+            None => host.host.to_owned(),
+        });
+        let rewritten = match normalized {
+            Cow::Owned(p) => Some(p),
+            Cow::Borrowed(_) => None,
+        };
+        // An oversized body is refused before the guard: it must not advance a mark.
+        let limit = match route.settings.max_body_bytes {
+            None => None,
+            Some(max) => match http_body::Body::size_hint(req.body()).exact() {
+                Some(n) if n > max => {
+                    let why = Rejection::BodyTooLarge { limit: max };
+                    let refused = (Outcome::TooLarge, None);
+                    return Err(self.refuse(route, why, refused, grpc, peer, started, note));
+                }
+                Some(_) => None,
+                None => Some(BodyLimit {
+                    max,
+                    seen: 0,
+                    hit: Arc::default(),
+                }),
+            },
+        };
+        let inflight = InflightGuard::new(&route.metrics.inflight);
+
+        let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
+            Ok(admitted) => admitted,
+            Err((rejection, outcome, token)) => {
+                return Err(self.refuse(
+                    route,
+                    rejection,
+                    (outcome, token),
+                    grpc,
+                    peer,
+                    started,
+                    note,
+                ))
+            }
+        };
+        let upstream = &self.upstreams[route.settings.upstream];
+        note.upstream = Some(&upstream.settings.name);
+        note.token = token;
+        Ok(Admitted {
+            route,
+            upstream,
+            outcome,
+            token,
+            ticket,
+            rewritten,
+            normalized_host,
+            close_upstream,
+            limit,
+            inflight,
+            grpc,
+        })
+    }
+}
