@@ -109,7 +109,8 @@ pub struct ProxySettings {
     pub max_header_bytes: usize,
     /// `http1_fast_path`: serve plain-TCP HTTP/1.1 requests to plain HTTP/1.1 upstreams on
     /// palisade's own parser and relay instead of hyper's (see `crate::proxy::fast`); anything
-    /// it does not handle still goes to hyper. Needs a restart to change.
+    /// it does not handle still goes to hyper. Needs a restart to change. Default:
+    /// [`DEFAULT_HTTP1_FAST_PATH`].
     pub http1_fast_path: bool,
     /// `[proxy.tls]`: terminate TLS on `listen`.
     pub tls: Option<TlsSettings>,
@@ -305,7 +306,7 @@ pub enum GetBodies {
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 
 /// Default `proxy.http1_fast_path`.
-pub const DEFAULT_HTTP1_FAST_PATH: bool = false;
+pub const DEFAULT_HTTP1_FAST_PATH: bool = true;
 
 /// Default `proxy.max_header_bytes`: 64 KiB, as nginx's `large_client_header_buffers` allows
 /// in total.

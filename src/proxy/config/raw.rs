@@ -126,8 +126,7 @@ pub(super) struct Route {
     pub(super) websocket: Option<Spanned<bool>>,
 }
 
-/// `[proxy] http1_fast_path` when the file does not say: see `Proxy::http1_fast_path`'s docs
-/// (`crate::config::ProxySettings`).
+/// `[proxy] http1_fast_path` when the file does not say (see `ProxySettings::http1_fast_path`).
 fn default_fast_path() -> bool {
     crate::config::DEFAULT_HTTP1_FAST_PATH
 }
