@@ -9,7 +9,7 @@ mod affine;
 mod body;
 mod build;
 mod dial;
-pub mod fast;
+pub(crate) mod fast;
 mod forward;
 mod note;
 mod refuse;

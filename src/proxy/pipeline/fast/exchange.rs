@@ -262,7 +262,10 @@ impl Conn {
                     .write_all(&out[written..])
                     .await
                     .map_err(|e| Some(fail(&e)))?;
-                scratch.resize(BODY_CHUNK, 0);
+                if left > 0 {
+                    // Only connections that stream bodies pay for this buffer.
+                    scratch.resize(BODY_CHUNK, 0);
+                }
                 while left > 0 {
                     let want = usize::try_from(left).unwrap_or(usize::MAX).min(BODY_CHUNK);
                     let n = match client.read(&mut scratch[..want]).await {

@@ -46,7 +46,7 @@ const READ_SIZE: usize = 4 * 1024;
 
 /// Serves `conn` on the fast path, with the configuration current at each request; hands it
 /// to hyper when a request is not for the fast path.
-pub fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
+pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
     Box::pin(async move {
         Conn {
             client: conn.stream,
