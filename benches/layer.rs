@@ -70,22 +70,22 @@ fn bench(c: &mut Criterion) {
     );
     let mut g = c.benchmark_group("axum_hello");
     g.bench_function("without_layer", |b| {
-        b.iter_custom(|n| run(&rt, n, &request, |r| plain.clone().oneshot(r)))
+        b.iter_custom(|n| run(&rt, n, request, |r| plain.clone().oneshot(r)))
     });
     g.bench_function("identity_layer", |b| {
-        b.iter_custom(|n| run(&rt, n, &request, |r| identity.clone().oneshot(r)))
+        b.iter_custom(|n| run(&rt, n, request, |r| identity.clone().oneshot(r)))
     });
     g.bench_function("with_layer", |b| {
-        b.iter_custom(|n| run(&rt, n, &request, |r| fenced.clone().oneshot(r)))
+        b.iter_custom(|n| run(&rt, n, request, |r| fenced.clone().oneshot(r)))
     });
     g.bench_function("extension_only", |b| {
-        b.iter_custom(|n| run(&rt, n, &request, |r| extension_only.clone().oneshot(r)))
+        b.iter_custom(|n| run(&rt, n, request, |r| extension_only.clone().oneshot(r)))
     });
     g.bench_function("body_wrap_only", |b| {
-        b.iter_custom(|n| run(&rt, n, &request, |r| body_only.clone().oneshot(r)))
+        b.iter_custom(|n| run(&rt, n, request, |r| body_only.clone().oneshot(r)))
     });
     g.bench_function("around_router", |b| {
-        b.iter_custom(|n| run(&rt, n, &request, |r| around.clone().oneshot(r)))
+        b.iter_custom(|n| run(&rt, n, request, |r| around.clone().oneshot(r)))
     });
     g.finish();
 

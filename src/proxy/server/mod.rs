@@ -202,7 +202,9 @@ pub async fn serve_with<H, F, B, C>(
         };
         let svc = service_fn(move |req| {
             let active = svc_state.request_started();
-            let fut = handle(req, client, &local);
+            // Boxed: hyper moves the service's future into its connection state, and the
+            // future of a proxied request is kilobytes.
+            let fut = Box::pin(handle(req, client, &local));
             async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
         });
         let watch = conn::Watch {
