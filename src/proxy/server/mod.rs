@@ -5,7 +5,7 @@
 //! is closed at once, open connections are asked to finish (HTTP/1.1 after the current
 //! response, HTTP/2 with GOAWAY), and whatever is still running after `grace` is dropped.
 //!
-//! A client cannot hold resources for free: every connection is watched by [`conn`]
+//! A client cannot hold resources for free: every connection is watched by `conn`
 //! (`header_read_timeout`, `idle_timeout`), at most `max_connections` are open at once (more
 //! are accepted and closed at once, counted), and running out of file descriptors never makes
 //! the accept loop spin (see [`serve_with`]).
