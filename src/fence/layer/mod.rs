@@ -270,6 +270,7 @@ fn refuse<RB>(
 
 /// The synchronous part of [`admit`] for a known resource (borrowed: an admitted request
 /// takes no reference to it): `None` when only the async path can decide.
+#[inline]
 fn decide_now(
     s: &Settings,
     resource: &Arc<Resource>,

@@ -9,7 +9,7 @@
 //!   stale owners (zombies) included;
 //! - while no proxy holds the store, because a running proxy keeps its marks in memory and
 //!   would neither see the change nor keep it (for the `file` store: the lock on
-//!   `<path>.lock`, see [`super::file`]);
+//!   `<path>.lock`, see [`crate::marks::FileStore`]);
 //! - after appending who, where, when, the old and the new value to `<path>.audit.log`
 //!   (fsynced, before the change) and logging the same at `warn`.
 //!

@@ -246,30 +246,15 @@ pub(super) async fn send(
     req: Request<RequestBody>,
 ) -> Result<(Response<Incoming>, Held), SendError> {
     let mut c = checkout(home, dialer, connect_timeout).await?;
-    let mut sent = Box::pin(c.sender.try_send_request(req));
-    let first = Exchange {
-        conn: &mut c,
-        response: sent.as_mut(),
-    }
-    .await;
-    drop(sent);
-    let resp = match first {
+    let resp = match exchange(&mut c, req).await {
         Ok(r) => r,
-        Err(mut e) => match e.take_message() {
-            Some(req) => {
-                tracing::debug!(error = %e.error(), "reused upstream connection closed before the request was written; dialing a new one");
-                c = Box::pin(dial(dialer, connect_timeout)).await?;
-                let mut sent = Box::pin(c.sender.try_send_request(req));
-                let r = Exchange {
-                    conn: &mut c,
-                    response: sent.as_mut(),
-                }
-                .await;
-                drop(sent);
-                r.map_err(|e| SendError::Request(e.into_error()))?
-            }
-            None => return Err(SendError::Request(e.into_error())),
-        },
+        // Boxed: rare, and its state (the failed request, a dial) would otherwise grow every
+        // request's future.
+        Err(e) => {
+            let (r, fresh) = Box::pin(retry(dialer, connect_timeout, e)).await?;
+            c = fresh;
+            r
+        }
     };
     Ok((
         resp,
@@ -278,6 +263,36 @@ pub(super) async fn send(
             home: home.clone(),
         },
     ))
+}
+
+type Sent = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request<RequestBody>>>;
+
+/// Sends `req` on `c` and waits for the response head, driving `c`'s I/O meanwhile.
+async fn exchange(c: &mut UpConn, req: Request<RequestBody>) -> Sent {
+    let mut sent = Box::pin(c.sender.try_send_request(req));
+    Exchange {
+        conn: c,
+        response: sent.as_mut(),
+    }
+    .await
+}
+
+/// After a failed exchange: the request again on a new connection if hyper gave it back (the
+/// reused connection closed before any of it was written), else the error.
+async fn retry(
+    dialer: &Dialer,
+    connect_timeout: Duration,
+    mut failed: hyper::client::conn::TrySendError<Request<RequestBody>>,
+) -> Result<(Response<Incoming>, UpConn), SendError> {
+    let Some(req) = failed.take_message() else {
+        return Err(SendError::Request(failed.into_error()));
+    };
+    tracing::debug!(error = %failed.error(), "reused upstream connection closed before the request was written; dialing a new one");
+    let mut c = dial(dialer, connect_timeout).await?;
+    let r = exchange(&mut c, req)
+        .await
+        .map_err(|e| SendError::Request(e.into_error()))?;
+    Ok((r, c))
 }
 
 /// Polls the connection and the response future together until the response head arrives.

@@ -34,7 +34,7 @@ impl Drop for InflightGuard {
 /// request counted as in flight until it ends or the client goes away.
 ///
 /// From an HTTP/1.1 upstream it also drives the upstream connection the body arrives on
-/// ([`Held`]), and gives that connection back for the next request once the body is over.
+/// (`Held`), and gives that connection back for the next request once the body is over.
 pub struct Tracked {
     pub(super) inner: Incoming,
     pub(super) _inflight: InflightGuard,

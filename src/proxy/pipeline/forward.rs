@@ -1,7 +1,11 @@
 //! Sending an admitted request upstream, once, and waiting for the response head, or for a
 //! newer owner's drain to abort the request.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
@@ -16,7 +20,7 @@ use crate::reject::Rejection;
 
 /// How long an aborted request's pooled (h2c) exchange is kept alive so that it ends with an
 /// error reset rather than a cancel (see [`forward`]).
-const ABORT_HOLD: std::time::Duration = std::time::Duration::from_secs(30);
+const ABORT_HOLD: Duration = Duration::from_secs(30);
 
 /// What became of a forwarded request.
 // Returned once per request and matched at once: boxing the answer would cost an allocation
@@ -47,21 +51,20 @@ pub(super) async fn forward(
                 affinity: Arc::clone(affinity),
                 pool: Arc::clone(pool),
             };
-            let call = async {
-                let sent = affine::send(&home, &upstream.dialer, route.connect_timeout, req);
-                let r = match limit {
-                    Some(limit) => match tokio::time::timeout(limit, sent).await {
-                        Ok(r) => r,
-                        Err(_) => return Err(Rejection::UpstreamTimeout(limit)),
-                    },
-                    None => sent.await,
-                };
-                r.map(|(resp, held)| (resp, Some(held)))
-                    .map_err(|e| Rejection::UpstreamFailed(error_chain(&e)))
-            };
+            // Combinators, not an async block: the request lives in one place (the send) and
+            // the state every request moves stays small (see [`Abortable`]).
+            let sent = affine::send(&home, &upstream.dialer, route.connect_timeout, req);
             // HTTP/1.1: dropping the exchange closes the upstream connection, before the body
             // is complete if it was still being sent, so the upstream never sees its end.
-            abortable(call, aborted).await
+            let Some(r) = abortable(Within::new(limit, sent), aborted).await else {
+                return Forwarded::Aborted;
+            };
+            Forwarded::Answered(match r {
+                Err(elapsed) => Err(Rejection::UpstreamTimeout(elapsed)),
+                Ok(r) => r
+                    .map(|(resp, held)| (resp, Some(held)))
+                    .map_err(|e| Rejection::UpstreamFailed(error_chain(&e))),
+            })
         }
         Via::Pooled(client) => {
             // The pooled client's future is `Unpin` and owns everything: an aborted request
@@ -110,19 +113,75 @@ pub(super) async fn forward(
     }
 }
 
-/// Runs `call`, or gives [`Forwarded::Aborted`] as soon as a newer owner's drain aborts the
-/// request (`aborted`); `call` is then dropped, which closes its connection.
-pub(super) async fn abortable(
-    call: impl std::future::Future<Output = Answer>,
-    aborted: Option<&Arc<Generation>>,
-) -> Forwarded {
-    match aborted {
-        None => Forwarded::Answered(call.await),
-        Some(generation) => tokio::select! {
-            biased;
-            () = generation.aborted() => Forwarded::Aborted,
-            r = call => Forwarded::Answered(r),
-        },
+/// Runs `call`, or gives `None` as soon as a newer owner's drain aborts the request
+/// (`aborted`); `call` is then dropped, which closes its connection.
+pub(super) fn abortable<'a, F: Future>(
+    call: F,
+    aborted: Option<&'a Arc<Generation>>,
+) -> Abortable<F, impl Future<Output = ()> + 'a> {
+    Abortable {
+        abort: aborted.map(|g| g.aborted()),
+        call,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`abortable`]'s future. Written out rather than as an async fn with a `select!`: that
+    /// kept `call` twice (the argument and the select's copy), and every request's future
+    /// (moved whole at each level on its way into hyper's connection) grew by its size.
+    pub(super) struct Abortable<F, A> {
+        #[pin]
+        abort: Option<A>,
+        #[pin]
+        call: F,
+    }
+}
+
+impl<F: Future, A: Future<Output = ()>> Future for Abortable<F, A> {
+    type Output = Option<F::Output>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        // The abort first: it also fails the request body, which can end `call` with an
+        // upstream error in the same wake-up, and that must not turn the 409 into a 502.
+        if let Some(abort) = this.abort.as_pin_mut() {
+            if abort.poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+        }
+        this.call.poll(cx).map(Some)
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// `fut`, within `limit` if there is one: `Err(limit)` when it ran out.
+    #[project = WithinProj]
+    pub(super) enum Within<F> {
+        Bare { #[pin] fut: F },
+        Timed { #[pin] fut: tokio::time::Timeout<F>, limit: Duration },
+    }
+}
+
+impl<F: Future> Within<F> {
+    pub(super) fn new(limit: Option<Duration>, fut: F) -> Self {
+        match limit {
+            None => Within::Bare { fut },
+            Some(limit) => Within::Timed {
+                fut: tokio::time::timeout(limit, fut),
+                limit,
+            },
+        }
+    }
+}
+
+impl<F: Future> Future for Within<F> {
+    type Output = Result<F::Output, Duration>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            WithinProj::Bare { fut } => fut.poll(cx).map(Ok),
+            WithinProj::Timed { fut, limit } => fut.poll(cx).map(|r| r.map_err(|_| *limit)),
+        }
     }
 }
 

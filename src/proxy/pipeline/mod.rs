@@ -190,7 +190,17 @@ impl Proxy {
             ))
             .await
         } else {
-            forward(upstream, &route.settings, affinity, req, aborted.as_ref()).await
+            // Boxed: the exchange's state is the largest part of a request's future, which is
+            // moved whole at every level on its way into hyper (a memcpy per level and
+            // request); a box is one small allocation.
+            Box::pin(forward(
+                upstream,
+                &route.settings,
+                affinity,
+                req,
+                aborted.as_ref(),
+            ))
+            .await
         };
         let result = match forwarded {
             Forwarded::Answered(r) => r,

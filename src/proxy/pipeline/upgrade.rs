@@ -87,7 +87,10 @@ pub(super) async fn forward(
         };
         resp.map(|r| (r, None)).map_err(|e| failed(&e))
     };
-    abortable(call, aborted).await
+    match abortable(call, aborted).await {
+        Some(answer) => Forwarded::Answered(answer),
+        None => Forwarded::Aborted,
+    }
 }
 
 /// Copies bytes between the client's and the upstream's upgraded connections until one side

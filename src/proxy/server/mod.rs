@@ -5,7 +5,7 @@
 //! is closed at once, open connections are asked to finish (HTTP/1.1 after the current
 //! response, HTTP/2 with GOAWAY), and whatever is still running after `grace` is dropped.
 //!
-//! A client cannot hold resources for free: every connection is watched by [`conn`]
+//! A client cannot hold resources for free: every connection is watched by `conn`
 //! (`header_read_timeout`, `idle_timeout`), at most `max_connections` are open at once (more
 //! are accepted and closed at once, counted), and running out of file descriptors never makes
 //! the accept loop spin (see [`serve_with`]).
@@ -228,7 +228,9 @@ pub async fn serve_first<H, F, B, C>(
         };
         let svc = service_fn(move |req| {
             let active = svc_state.request_started();
-            let fut = handle(req, client, &svc_local);
+            // Boxed: hyper moves the service's future into its connection state, and the
+            // future of a proxied request is kilobytes.
+            let fut = Box::pin(handle(req, client, &svc_local));
             async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
         });
         let watch = conn::Watch {
