@@ -231,8 +231,16 @@ async fn a_request_smuggled_in_a_get_body_never_reaches_the_upstream() {
         text.to_ascii_lowercase().contains("connection: close"),
         "the unread body must not be read as the next request: {text}"
     );
+    // Methods are routed whatever their case (a legacy upstream may take `get` for GET), so
+    // a body on `get`, `Head` or `options` is refused the same way, on both framings.
+    for m in ["get", "Head", "options", "tRACE"] {
+        let lower = outer("/public").replacen("GET", m, 1);
+        let (status, text) = raw_response(e.proxy.addr, lower.as_bytes()).await;
+        assert_eq!(status, 400, "{m}: {text}");
+        assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
+    }
     // The same with chunked framing, and on HEAD/OPTIONS.
-    for m in ["GET", "HEAD", "OPTIONS", "TRACE"] {
+    for m in ["GET", "HEAD", "OPTIONS", "TRACE", "get", "head"] {
         let chunked = format!(
             "{m} /public HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{inner}\r\n0\r\n\r\n",
             inner.len()

@@ -44,10 +44,17 @@ pub(super) fn request_host<B>(req: &Request<B>) -> Result<HostPort<'_>, &'static
 
 /// Methods that carry no body by convention (RFC 9110 9.3): an upstream may never read one.
 pub(super) fn is_bodiless_method(m: &Method) -> bool {
-    matches!(
-        *m,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::CONNECT
-    )
+    // Whatever the case: routing matches methods case-insensitively (a legacy upstream may
+    // take `get` for GET), so `get` with a body is the same smuggling vector as GET.
+    [
+        Method::GET,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::TRACE,
+        Method::CONNECT,
+    ]
+    .iter()
+    .any(|b| b.as_str().eq_ignore_ascii_case(m.as_str()))
 }
 
 /// Whether the request carries body bytes: a Content-Length other than 0, chunked framing,
