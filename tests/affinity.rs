@@ -254,8 +254,49 @@ async fn absolute_form_requests_reach_the_upstream_in_origin_form() {
     assert!(head.contains("\r\nhost: api.test\r\n"), "{head}");
 }
 
+async fn an_upstream_connection_idle_past_idle_timeout_ms_is_closed_not_reused() {
+    // palisade's own limit (below the upstream's keep-alive timeout, as the README asks):
+    // a connection idle longer than `idle_timeout_ms` is never used again, whether it waited
+    // with its client connection or in the upstream's idle cache.
+    let dir = tempfile::tempdir().unwrap();
+    let up = raw_upstream(None).await;
+    let config = CONFIG.replace(
+        "url = \"http://{upstream}\"",
+        "url = \"http://{upstream}\"\nidle_timeout_ms = 150",
+    );
+    let text = support::render(&config, up.addr, &dir.path().join("marks.json"));
+    let proxy = support::proxy(&text, dir.path()).await;
+    // With its client connection.
+    let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(get_on(&mut sock, "/items/1")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(get_on(&mut sock, "/items/2")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    assert_eq!(up.connections.load(Ordering::SeqCst), 2);
+    // In the cache: idle since its last exchange, not since its client connection closed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(sock);
+    wait_no_client_connections(&proxy).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut sock = TcpStream::connect(proxy.addr).await.unwrap();
+    assert!(get_on(&mut sock, "/items/3")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    assert_eq!(up.connections.load(Ordering::SeqCst), 3);
+    // A connection used within the limit is reused.
+    assert!(get_on(&mut sock, "/items/4")
+        .await
+        .starts_with("HTTP/1.1 200"));
+    assert_eq!(up.connections.load(Ordering::SeqCst), 3);
+    assert_eq!(up.heads.lock().unwrap().len(), 4);
+}
+
 // These run on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
+    an_upstream_connection_idle_past_idle_timeout_ms_is_closed_not_reused,
     a_client_connections_requests_share_one_upstream_connection,
     short_client_connections_take_over_idle_upstream_connections,
     an_upstream_connection_closed_while_idle_is_replaced_not_used,

@@ -237,7 +237,10 @@ async fn a_request_smuggled_in_a_get_body_never_reaches_the_upstream() {
         let lower = outer("/public").replacen("GET", m, 1);
         let (status, text) = raw_response(e.proxy.addr, lower.as_bytes()).await;
         assert_eq!(status, 400, "{m}: {text}");
-        assert!(text.to_ascii_lowercase().contains("connection: close"), "{text}");
+        assert!(
+            text.to_ascii_lowercase().contains("connection: close"),
+            "{text}"
+        );
     }
     // The same with chunked framing, and on HEAD/OPTIONS.
     for m in ["GET", "HEAD", "OPTIONS", "TRACE", "get", "head"] {

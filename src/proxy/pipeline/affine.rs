@@ -100,6 +100,11 @@ impl<T> IdlePool<T> {
         }
     }
 
+    /// Whether a connection idle since `since` may still be used (`idle_timeout_ms`).
+    pub(super) fn fresh(&self, since: Instant) -> bool {
+        since.elapsed() < self.timeout
+    }
+
     /// The most recently used connection that has not idled too long.
     pub(super) fn take(&self) -> Option<T> {
         let now = Instant::now();

@@ -125,6 +125,7 @@ impl Conn {
             }
         };
         if clean && sent_whole && !close && !close_upstream {
+            sock.idle_since = tokio::time::Instant::now();
             self.up.0 = Some(sock);
         }
         // A body the upstream did not wait for is still on its way from the client: the

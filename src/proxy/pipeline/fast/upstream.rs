@@ -23,12 +23,15 @@ pub(super) struct UpSock {
     pub(super) pool: Arc<IdlePool<TcpStream>>,
     /// Taken from a cache or kept from an earlier request (not newly dialed).
     pub(super) reused: bool,
+    /// When its last exchange ended: a socket idle longer than the upstream's
+    /// `idle_timeout_ms` is closed, not reused, wherever it waited (as on hyper's path).
+    pub(super) idle_since: Instant,
 }
 
 impl UpSock {
     /// Gives a socket whose last exchange ended cleanly back to its upstream's cache.
     pub(super) fn release(self) {
-        self.pool.put(Instant::now(), self.tcp);
+        self.pool.put(self.idle_since, self.tcp);
     }
 }
 
@@ -51,7 +54,8 @@ pub(super) async fn checkout(
 ) -> Result<UpSock, UpError> {
     if let Some(k) = kept {
         if Arc::ptr_eq(&k.pool, pool) {
-            if open(&k.tcp) {
+            // Idle too long (closed when dropped here), or closed by the upstream.
+            if pool.fresh(k.idle_since) && open(&k.tcp) {
                 return Ok(k);
             }
         } else {
@@ -64,6 +68,7 @@ pub(super) async fn checkout(
                 tcp,
                 pool: Arc::clone(pool),
                 reused: true,
+                idle_since: Instant::now(),
             });
         }
     }
@@ -81,6 +86,7 @@ pub(super) async fn dial(
             tcp,
             pool: Arc::clone(pool),
             reused: false,
+            idle_since: Instant::now(),
         }),
         UpIo::Tls(_) => Err(UpError::NotPlain),
     }
