@@ -38,6 +38,12 @@ impl Conn {
             close,
         } = head;
         strip_hop_by_hop(&mut headers, &proxy.header);
+        // A 204 has no body and must not say otherwise (RFC 9110 8.6): a hop that honoured an
+        // upstream's stray Content-Length would read the next response as this one's body.
+        // hyper's server drops it too.
+        if status == http::StatusCode::NO_CONTENT {
+            headers.remove(http::header::CONTENT_LENGTH);
+        }
         let Conn {
             client, out, ubuf, ..
         } = self;
