@@ -145,6 +145,11 @@ pub(super) fn parse(buf: &[u8], head_request: bool) -> Result<Read, Invalid> {
 pub(super) struct Chunks {
     state: State,
     size: u64,
+    /// Hex digits in the current size (leading zeros too): at most 16, as Go's and hyper's
+    /// parsers allow, so that no hop reads a different size.
+    digits: u8,
+    /// The current trailer line had its colon.
+    colon: bool,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -205,6 +210,13 @@ impl Chunks {
             }
             self.state = match (self.state, b) {
                 (State::Size, _) | (State::Digits, _) if b.is_ascii_hexdigit() => {
+                    if self.state == State::Size {
+                        self.digits = 0;
+                    }
+                    self.digits += 1;
+                    if self.digits > 16 {
+                        return Err(Invalid("chunk size longer than 16 hex digits"));
+                    }
                     let d = u64::from((b as char).to_digit(16).unwrap_or(0));
                     self.size = self
                         .size
@@ -216,7 +228,9 @@ impl Chunks {
                 (State::Size, _) => return Err(Invalid("chunk size is not hex")),
                 (State::Digits | State::AfterSize, b' ' | b'\t') => State::AfterSize,
                 (State::Digits | State::AfterSize, b';') => State::Ext,
-                (State::Digits | State::AfterSize, b'\r') => State::SizeLf,
+                (State::Digits, b'\r') => State::SizeLf,
+                // Whitespace after a size is only allowed before an extension (RFC 9112 7.1.1).
+                (State::AfterSize, b'\r') => return Err(Invalid("whitespace after a chunk size")),
                 (State::Digits | State::AfterSize, _) => return Err(Invalid("bad chunk size")),
                 (State::Ext, b'\r') => State::SizeLf,
                 (State::Ext, b'\n') => return Err(Invalid("bare LF in a chunk extension")),
@@ -230,7 +244,8 @@ impl Chunks {
                 (State::DataLf, b'\n') => State::Size,
                 (State::TrailerStart, b'\r') => State::EndLf,
                 (State::TrailerStart, b' ' | b'\t') => return Err(Invalid("obs-fold trailer")),
-                (State::Trailer, b'\r') => State::TrailerLf,
+                (State::Trailer, b'\r') if self.colon => State::TrailerLf,
+                (State::Trailer, b'\r') => return Err(Invalid("trailer line without a colon")),
                 (State::TrailerStart | State::Trailer, b'\n') => {
                     return Err(Invalid("bare LF in a trailer"))
                 }
@@ -239,7 +254,20 @@ impl Chunks {
                 {
                     return Err(Invalid("control byte in a trailer"))
                 }
-                (State::TrailerStart | State::Trailer, _) => State::Trailer,
+                // A trailer line is `name: value`: a token, then its colon.
+                (State::TrailerStart, b) if is_tchar(b) => {
+                    self.colon = false;
+                    State::Trailer
+                }
+                (State::TrailerStart, _) => return Err(Invalid("bad trailer name")),
+                (State::Trailer, b':') if !self.colon => {
+                    self.colon = true;
+                    State::Trailer
+                }
+                (State::Trailer, b) if !self.colon && !is_tchar(b) => {
+                    return Err(Invalid("bad trailer name"))
+                }
+                (State::Trailer, _) => State::Trailer,
                 (State::TrailerLf, b'\n') => State::TrailerStart,
                 (State::EndLf, b'\n') => State::Done,
                 _ => return Err(Invalid("bad chunked framing")),
@@ -248,6 +276,11 @@ impl Chunks {
         }
         Ok(())
     }
+}
+
+/// An HTTP token character (RFC 9110 5.6.2).
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 #[cfg(test)]
@@ -288,6 +321,12 @@ mod tests {
             b"0\r\nx: 1\n\r\n",
             b"0\r\n folded\r\n\r\n",
             b"0\r\n\n",
+            // Found by an outside attack: relayed as is, read differently by some hops.
+            b"5 \t \r\nhello\r\n",
+            b"000000000000000000000005\r\nhello\r\n",
+            b"0\r\ngarbage line\r\n\r\n",
+            b"0\r\nx y: 1\r\n\r\n",
+            b"0\r\n: 1\r\n\r\n",
         ] {
             assert!(run(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
