@@ -186,3 +186,60 @@ async fn a_websocket_of_an_older_owner_is_closed_when_a_newer_owner_advances() {
         "the zombie's message was echoed: {next:?}"
     );
 }
+
+/// Waits until the proxy's gauge of open client connections reads `n`.
+async fn wait_open(p: &support::Proxy, n: f64) {
+    for _ in 0..500 {
+        let m = p.metrics().await;
+        if support::metric(&m, "palisade_connections_open{listener=\"proxy\"}") == Some(n) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("open client connections never reached {n}");
+}
+
+/// Whether a new client connection is served (any response) or refused (closed unanswered).
+async fn served(p: &support::Proxy) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut sock = TcpStream::connect(p.addr).await.unwrap();
+    let _ = sock
+        .write_all(b"GET /no-ws/x HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+        .await;
+    let mut buf = Vec::new();
+    let _ = sock.read_to_end(&mut buf).await;
+    buf.starts_with(b"HTTP/1.1 ")
+}
+
+#[tokio::test]
+async fn open_websockets_count_toward_max_connections_until_they_close() {
+    // An upgraded connection leaves hyper but keeps its socket: it must keep its place in
+    // `max_connections`, or WebSockets could exhaust the process's descriptors.
+    let dir = tempfile::tempdir().unwrap();
+    let (up, _) = echo_upstream().await;
+    let config = CONFIG.replace(
+        "listen = \"127.0.0.1:0\"",
+        "listen = \"127.0.0.1:0\"\nmax_connections = 2",
+    );
+    let text = support::render(&config, up, &dir.path().join("marks.json"));
+    let p = support::proxy(&text, dir.path()).await;
+    let mut a = connect(&p, "/ws/a", "5").await.unwrap();
+    let mut b = connect(&p, "/ws/b", "5").await.unwrap();
+    for ws in [&mut a, &mut b] {
+        ws.send(Message::text("hi")).await.unwrap();
+        assert!(ws.next().await.unwrap().is_ok());
+    }
+    wait_open(&p, 2.0).await;
+    assert!(
+        !served(&p).await,
+        "a third connection was served beside two open WebSockets"
+    );
+    a.close(None).await.unwrap();
+    drop(a);
+    wait_open(&p, 1.0).await;
+    assert!(
+        served(&p).await,
+        "a WebSocket that closed still holds its place"
+    );
+    b.close(None).await.unwrap();
+}

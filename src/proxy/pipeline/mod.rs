@@ -45,6 +45,7 @@ use crate::config::RouteSettings;
 use crate::drain::Ticket;
 use crate::metrics::{Outcome, Outcomes, RouteMetrics};
 use crate::reject::Rejection;
+use crate::server::ConnHold;
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub type ProxyBody = Either<Tracked, Full<Bytes>>;
@@ -159,7 +160,8 @@ impl Proxy {
         // A WebSocket upgrade on a route that allows it: the client's connection is taken over
         // once palisade answers 101.
         let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
-            .then(|| hyper::upgrade::on(&mut req));
+            .then(|| hyper::upgrade::on(&mut req))
+            .map(|on| (on, req.extensions_mut().remove::<ConnHold>()));
         let mut req = prepare(
             req,
             Forward {
@@ -228,7 +230,8 @@ impl Proxy {
                 if let Some(client) =
                     client_upgrade.filter(|_| resp.status() == StatusCode::SWITCHING_PROTOCOLS)
                 {
-                    upgrade::tunnel(client, &mut resp, ticket, inflight);
+                    let (client, hold) = client;
+                    upgrade::tunnel(client, &mut resp, ticket, inflight, hold);
                     let (mut parts, _) = resp.into_parts();
                     strip_hop_by_hop(&mut parts.headers, &self.header);
                     upgrade::upgrade_headers(&mut parts.headers);

@@ -25,6 +25,7 @@ use super::upstream::Upstream;
 use crate::config::RouteSettings;
 use crate::drain::{Generation, Ticket};
 use crate::reject::Rejection;
+use crate::server::ConnHold;
 
 /// Whether `req` asks for a WebSocket: HTTP/1.1 GET with `Connection: upgrade` and
 /// `Upgrade: websocket` (RFC 6455 4.1).
@@ -100,6 +101,7 @@ pub(super) fn tunnel(
     upstream: &mut Response<Incoming>,
     ticket: Option<Ticket>,
     inflight: InflightGuard,
+    hold: Option<ConnHold>,
 ) {
     let upstream = hyper::upgrade::on(upstream);
     tokio::spawn(async move {
@@ -125,5 +127,7 @@ pub(super) fn tunnel(
         }
         drop(ticket);
         drop(inflight);
+        // The client's connection stops counting toward `max_connections` only now.
+        drop(hold);
     });
 }

@@ -226,8 +226,21 @@ pub async fn serve_first<H, F, B, C>(
             addr: peer,
             tls: limits.tls.is_some(),
         };
-        let svc = service_fn(move |req| {
+        let counted = Arc::new(Counting::new(
+            &open,
+            metrics.as_ref().map(|m| m.open.clone()),
+            &alive,
+        ));
+        let svc_counted = Arc::clone(&counted);
+        let svc = service_fn(move |mut req: Request<Incoming>| {
             let active = svc_state.request_started();
+            // A request that may take the connection over (a WebSocket) carries the
+            // connection's count, so that a tunnel keeps counting toward `max_connections`
+            // (and is waited for at shutdown) after hyper lets the connection go.
+            if req.headers().contains_key(http::header::UPGRADE) {
+                req.extensions_mut()
+                    .insert(ConnHold(Arc::clone(&svc_counted)));
+            }
             // Boxed: hyper moves the service's future into its connection state, and the
             // future of a proxied request is kilobytes.
             let fut = Box::pin(handle(req, client, &svc_local));
@@ -240,7 +253,6 @@ pub async fn serve_first<H, F, B, C>(
             stopping: stopping.clone(),
             peer,
         };
-        let counted = Counting::new(&open, metrics.as_ref().map(|m| m.open.clone()), &alive);
         // With upgrades: a WebSocket route answers 101 and takes the connection over.
         match (&limits.tls, &first) {
             (None, Some(first)) => {
@@ -318,6 +330,18 @@ pub async fn serve_first<H, F, B, C>(
 
 /// One open client connection, counted (`max_connections`, the open gauge, shutdown's wait)
 /// until its task ends or is dropped.
+/// A client connection's place in `max_connections` and in the shutdown's wait, held by
+/// whatever still uses the connection's socket after hyper let it go (a WebSocket tunnel):
+/// the connection counts until the last holder drops it.
+#[derive(Clone)]
+pub struct ConnHold(#[allow(dead_code)] Arc<Counting>);
+
+impl std::fmt::Debug for ConnHold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnHold").finish_non_exhaustive()
+    }
+}
+
 struct Counting {
     open: Arc<AtomicUsize>,
     gauge: Option<prometheus::IntGauge>,
