@@ -10,6 +10,43 @@
 //! are accepted and closed at once, counted), and running out of file descriptors never makes
 //! the accept loop spin (see [`serve_with`]).
 
+/// `AsyncWrite` for a read-side wrapper `$t<I>` with an `io: I` field: writes go straight
+/// through (the wrappers only watch or replay what is read).
+macro_rules! write_through {
+    ($t:ident) => {
+        impl<I: AsyncWrite + Unpin> AsyncWrite for $t<I> {
+            fn poll_write(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                buf: &[u8],
+            ) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+            }
+
+            fn poll_write_vectored(
+                self: Pin<&mut Self>,
+                cx: &mut Context<'_>,
+                bufs: &[io::IoSlice<'_>],
+            ) -> Poll<io::Result<usize>> {
+                Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+            }
+
+            fn is_write_vectored(&self) -> bool {
+                self.io.is_write_vectored()
+            }
+
+            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.get_mut().io).poll_flush(cx)
+            }
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+            }
+        }
+    };
+}
+pub(crate) use write_through;
+
 mod conn;
 mod handoff;
 

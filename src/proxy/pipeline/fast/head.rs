@@ -162,12 +162,7 @@ fn judge(req: &httparse::Request<'_, '_>, len: usize) -> Result<Option<Head>, ()
             }
             http::header::TRANSFER_ENCODING => chunked = true,
             http::header::UPGRADE | http::header::EXPECT => return Ok(None),
-            http::header::CONNECTION => {
-                close |= h
-                    .value
-                    .split(|b| *b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
-            }
+            http::header::CONNECTION => close |= says_close(h.value),
             _ => {}
         }
         map.append(name, value);
@@ -189,6 +184,13 @@ fn judge(req: &httparse::Request<'_, '_>, len: usize) -> Result<Option<Head>, ()
         body,
         close,
     }))
+}
+
+/// Whether a `Connection` value lists `close` (in a request or a response head).
+pub(super) fn says_close(value: &[u8]) -> bool {
+    value
+        .split(|b| *b == b',')
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"))
 }
 
 /// A `Content-Length` value: 1 to 19 ASCII digits (anything longer may overflow `u64`; no

@@ -11,7 +11,7 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::StatusCode;
 
-use super::head::{content_length, MAX_HEADERS};
+use super::head::{content_length, says_close, MAX_HEADERS};
 
 /// A response head is refused above this size (hyper's client reads up to ~400 KiB).
 pub(super) const MAX_RESPONSE_HEAD: usize = 256 * 1024;
@@ -104,12 +104,7 @@ pub(super) fn parse(buf: &[u8], head_request: bool) -> Result<Read, Invalid> {
                 }
                 chunked = true;
             }
-            http::header::CONNECTION => {
-                close |= h
-                    .value
-                    .split(|b| *b == b',')
-                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
-            }
+            http::header::CONNECTION => close |= says_close(h.value),
             _ => {}
         }
         map.append(name, value);
