@@ -545,6 +545,40 @@ health_check_interval_ms = 50"#
     );
 }
 
+/// hyper's buffer limit caught only a connection's first head over the limit: a later one on
+/// the same connection that arrived whole was served. Every request is held to the limit.
+async fn a_later_head_over_max_header_bytes_on_a_kept_connection_gets_431() {
+    let (live, seen) = upstream().await;
+    let text = config(&format!("url = \"http://{live}\""), "").replace(
+        "listen = \"127.0.0.1:0\"\n",
+        "listen = \"127.0.0.1:0\"\nmax_header_bytes = 16384\n",
+    );
+    let (p, _dir) = proxy(&text).await;
+    let mut sock = TcpStream::connect(p.addr).await.unwrap();
+    let head = |n: usize| {
+        format!(
+            "GET /items/1 HTTP/1.1\r\nhost: api.test\r\nx-big: {}\r\n\r\n",
+            "a".repeat(n)
+        )
+    };
+    sock.write_all(head(10).as_bytes()).await.unwrap();
+    let mut buf = vec![0; 64 * 1024];
+    let n = sock.read(&mut buf).await.unwrap();
+    let first = String::from_utf8_lossy(&buf[..n]).to_string();
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    // 30 KB in one write: it arrives whole, after a first request grew the read buffer.
+    sock.write_all(head(30_000).as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = sock.read_to_end(&mut out).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 431"), "{text}");
+    assert_eq!(
+        seen.heads.lock().unwrap().len(),
+        1,
+        "only the first request was forwarded"
+    );
+}
+
 // These run on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
     an_upstream_with_a_dead_address_answers_every_request,
@@ -554,5 +588,6 @@ support::on_both_paths!(
     a_post_whose_upstream_breaks_after_the_body_gets_502_and_is_sent_once,
     bodies_over_max_body_bytes_get_413_and_never_reach_the_upstream_whole,
     a_request_head_over_max_header_bytes_gets_431,
+    a_later_head_over_max_header_bytes_on_a_kept_connection_gets_431,
     an_address_failing_its_health_check_gets_no_traffic_until_it_passes,
 );

@@ -176,8 +176,9 @@ pin_project_lite::pin_project! {
     /// A response body that keeps its request counted as in progress until it ends or is
     /// dropped.
     pub struct Counted<B> {
+        // `None`: an empty body of the server's own (see `head::refused`).
         #[pin]
-        inner: B,
+        inner: Option<B>,
         active: Option<Active>,
     }
 }
@@ -185,8 +186,16 @@ pin_project_lite::pin_project! {
 impl<B> Counted<B> {
     pub(super) fn new(inner: B, active: Active) -> Self {
         Self {
-            inner,
+            inner: Some(inner),
             active: Some(active),
+        }
+    }
+
+    /// An empty body for an answer the server gives itself.
+    pub(super) fn empty() -> Self {
+        Self {
+            inner: None,
+            active: None,
         }
     }
 }
@@ -209,7 +218,10 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
-        let r = this.inner.poll_frame(cx);
+        let Some(inner) = this.inner.as_pin_mut() else {
+            return Poll::Ready(None);
+        };
+        let r = inner.poll_frame(cx);
         if matches!(r, Poll::Ready(None | Some(Err(_)))) {
             *this.active = None;
         }
@@ -217,11 +229,13 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 

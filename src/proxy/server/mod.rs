@@ -49,6 +49,7 @@ pub(crate) use write_through;
 
 mod conn;
 mod handoff;
+mod head;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -269,6 +270,7 @@ pub async fn serve_first<H, F, B, C>(
             &alive,
         ));
         let svc_counted = Arc::clone(&counted);
+        let max_head = limits.max_header_bytes.max(crate::config::MIN_HEADER_BYTES);
         let svc = service_fn(move |mut req: Request<Incoming>| {
             let active = svc_state.request_started();
             // A request that may take the connection over (a WebSocket) carries the
@@ -280,8 +282,14 @@ pub async fn serve_first<H, F, B, C>(
             }
             // Boxed: hyper moves the service's future into its connection state, and the
             // future of a proxied request is kilobytes.
-            let fut = Box::pin(handle(req, client, &svc_local));
-            async move { Ok::<_, Infallible>(fut.await.map(|b| Counted::new(b, active))) }
+            let fut = (!head::over_limit(&req, max_head))
+                .then(|| Box::pin(handle(req, client, &svc_local)));
+            async move {
+                Ok::<_, Infallible>(match fut {
+                    Some(fut) => fut.await.map(|b| Counted::new(b, active)),
+                    None => head::refused(),
+                })
+            }
         });
         let watch = conn::Watch {
             state: Arc::clone(&state),
