@@ -40,6 +40,11 @@ impl Flight {
             abort: AbortWait::default(),
         })
     }
+
+    /// Whether a newer owner's drain aborted the request.
+    pub fn is_aborted(&self) -> bool {
+        self.ticket.generation().is_aborted()
+    }
 }
 
 /// Polls `inner`, failing with [`Aborted`] once the flight's generation is aborted: a body

@@ -40,6 +40,8 @@ pub struct Tracked {
     pub(super) _inflight: InflightGuard,
     pub(super) flight: Option<Flight>,
     pub(super) held: Option<Held>,
+    /// Whether the request went upstream whole (see [`Delivered`]).
+    pub(super) delivered: Option<Delivered>,
 }
 
 impl Drop for Tracked {
@@ -69,6 +71,14 @@ impl Body for Tracked {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        // A request that went upstream whole was not cut when the drain aborted it (the
+        // upstream may have applied it): its answer is relayed in full, and its ticket given
+        // back at once, since the upstream has answered.
+        if this.flight.as_ref().is_some_and(Flight::is_aborted)
+            && this.delivered.as_ref().is_some_and(Delivered::is_whole)
+        {
+            this.flight = None;
+        }
         let mut r = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
         if let Some(held) = &mut this.held {
             if r.is_pending() {
@@ -95,6 +105,23 @@ impl Body for Tracked {
     }
 }
 
+/// Whether a guarded request's body has been handed to the upstream connection whole: set
+/// when hyper sees its end (for a request without a body, when hyper starts to write its
+/// head). From then on an abort cannot keep the upstream from applying the request, so a
+/// drain waits for its answer instead (see `forward::abortable`).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Delivered(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Delivered {
+    pub(super) fn is_whole(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// The client's request body on its way upstream. With `strip_token`, the token is removed
 /// from request trailers too (HTTP/2 and chunked HTTP/1.1 can carry it there), in both of its
 /// spellings (`x-fencing-token` and the `x_fencing_token` that CGI-style servers merge with it).
@@ -107,6 +134,7 @@ pub struct RequestBody {
     strip: Option<HeaderName>,
     flight: Option<Flight>,
     limit: Option<BodyLimit>,
+    delivered: Option<Delivered>,
 }
 
 impl RequestBody {
@@ -115,12 +143,14 @@ impl RequestBody {
         strip: Option<HeaderName>,
         ticket: Option<Ticket>,
         limit: Option<BodyLimit>,
+        delivered: Option<Delivered>,
     ) -> Self {
         Self {
             inner,
             strip,
             flight: Flight::of(ticket),
             limit,
+            delivered,
         }
     }
 }
@@ -155,6 +185,9 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let polled = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
+        if let (Some(d), Poll::Ready(None)) = (&this.delivered, &polled) {
+            d.set();
+        }
         if let (Some(limit), Poll::Ready(Some(Ok(frame)))) = (&mut this.limit, &polled) {
             if let Some(d) = frame.data_ref() {
                 limit.seen = limit.seen.saturating_add(d.len() as u64);
@@ -188,7 +221,14 @@ impl Body for RequestBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        // hyper asks when it writes the head (a request without a body is then sent whole) and
+        // after each data frame (a Content-Length body's last bytes): it writes what it has and
+        // stops polling, so this is where the end is handed over.
+        let end = self.inner.is_end_stream();
+        if let (true, Some(d)) = (end, &self.delivered) {
+            d.set();
+        }
+        end
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -11,7 +11,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::affine::{self, Held, Home};
-use super::body::RequestBody;
+use super::body::{Delivered, RequestBody};
 use super::upstream::{Upstream, Via};
 use super::Affinity;
 use crate::config::RouteSettings;
@@ -34,15 +34,26 @@ pub(super) enum Forwarded {
     Aborted,
 }
 
-/// Sends `req` to `upstream` at most once. `aborted` is the generation of a guarded request's
-/// drain ticket: when a newer owner's drain aborts it, the request is abandoned so that the
-/// upstream never receives its end (see the notes in the body).
+/// What a guarded request's exchange watches for a newer owner's drain.
+#[derive(Clone, Copy)]
+pub(super) struct Abort<'a> {
+    /// The generation of the request's drain ticket.
+    pub(super) generation: &'a Arc<Generation>,
+    /// Whether its body went to the upstream connection whole (`None`: never counts as sent).
+    pub(super) delivered: Option<&'a Delivered>,
+}
+
+/// Sends `req` to `upstream` at most once. When a newer owner's drain aborts the request
+/// (`abort`) before its body was handed over whole, it is abandoned, so that the upstream never
+/// receives its end (see the notes in the body). One whose body was handed over whole is
+/// waited for instead: the upstream may apply it whatever palisade does now, so its answer is
+/// what tells the drain it is over (the drain waits for it at most its abort grace).
 pub(super) async fn forward(
     upstream: &Upstream,
     route: &RouteSettings,
     affinity: &Arc<Affinity>,
     req: Request<RequestBody>,
-    aborted: Option<&Arc<Generation>>,
+    abort: Option<Abort<'_>>,
 ) -> Forwarded {
     let limit = route.response_timeout;
     match &upstream.via {
@@ -56,7 +67,7 @@ pub(super) async fn forward(
             let sent = affine::send(&home, &upstream.dialer, route.connect_timeout, req);
             // HTTP/1.1: dropping the exchange closes the upstream connection, before the body
             // is complete if it was still being sent, so the upstream never sees its end.
-            let Some(r) = abortable(Within::new(limit, sent), aborted).await else {
+            let Some(r) = abortable(Within::new(limit, sent), abort).await else {
                 return Forwarded::Aborted;
             };
             Forwarded::Answered(match r {
@@ -81,18 +92,10 @@ pub(super) async fn forward(
                 r.map(|resp| (resp, None))
                     .map_err(|e| Rejection::UpstreamFailed(error_chain(&e)))
             };
-            // The abort is polled first: it also fails the request body, which can end `call`
-            // with an upstream error in the same wake-up, and that must not turn the 409 into a
-            // 502.
-            let Some(generation) = aborted else {
+            if abort.is_none() {
                 return Forwarded::Answered(call.await);
-            };
-            let answered = tokio::select! {
-                biased;
-                () = generation.aborted() => None,
-                r = call => Some(r),
-            };
-            match answered {
+            }
+            match abortable(call, abort).await {
                 Some(r) => Forwarded::Answered(r),
                 None => {
                     // The request body fails at its next poll, which resets the upstream HTTP/2
@@ -114,13 +117,16 @@ pub(super) async fn forward(
 }
 
 /// Runs `call`, or gives `None` as soon as a newer owner's drain aborts the request
-/// (`aborted`); `call` is then dropped, which closes its connection.
+/// (`abort`) while its body is not yet handed over whole; `call` is then dropped, which closes
+/// its connection. After the body was handed over whole, an abort is ignored and `call` runs
+/// to its end.
 pub(super) fn abortable<'a, F: Future>(
     call: F,
-    aborted: Option<&'a Arc<Generation>>,
-) -> Abortable<F, impl Future<Output = ()> + 'a> {
+    abort: Option<Abort<'a>>,
+) -> Abortable<'a, F, impl Future<Output = ()> + 'a> {
     Abortable {
-        abort: aborted.map(|g| g.aborted()),
+        abort: abort.map(|a| a.generation.aborted()),
+        delivered: abort.and_then(|a| a.delivered),
         call,
     }
 }
@@ -129,24 +135,29 @@ pin_project_lite::pin_project! {
     /// [`abortable`]'s future. Written out rather than as an async fn with a `select!`: that
     /// kept `call` twice (the argument and the select's copy), and every request's future
     /// (moved whole at each level on its way into hyper's connection) grew by its size.
-    pub(super) struct Abortable<F, A> {
+    pub(super) struct Abortable<'a, F, A> {
         #[pin]
         abort: Option<A>,
+        delivered: Option<&'a Delivered>,
         #[pin]
         call: F,
     }
 }
 
-impl<F: Future, A: Future<Output = ()>> Future for Abortable<F, A> {
+impl<F: Future, A: Future<Output = ()>> Future for Abortable<'_, F, A> {
     type Output = Option<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
+        let mut this = self.project();
         // The abort first: it also fails the request body, which can end `call` with an
         // upstream error in the same wake-up, and that must not turn the 409 into a 502.
-        if let Some(abort) = this.abort.as_pin_mut() {
+        if let Some(abort) = this.abort.as_mut().as_pin_mut() {
             if abort.poll(cx).is_ready() {
-                return Poll::Ready(None);
+                if !this.delivered.is_some_and(Delivered::is_whole) {
+                    return Poll::Ready(None);
+                }
+                // Handed over whole: only the upstream's answer ends it now.
+                this.abort.set(None);
             }
         }
         this.call.poll(cx).map(Some)

@@ -35,7 +35,7 @@ pub use body::{RequestBody, Tracked};
 pub use build::CarriedOver;
 
 use self::admit::Admitted;
-use self::forward::{forward, Forwarded};
+use self::forward::{forward, Abort, Forwarded};
 use self::note::{Logged, Note};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward, Head};
 use self::upstream::Upstream;
@@ -157,6 +157,7 @@ impl Proxy {
             None => (None, None),
         };
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
+        let delivered = ticket.as_ref().map(|_| body::Delivered::default());
         // A WebSocket upgrade on a route that allows it: the client's connection is taken over
         // once palisade answers 101.
         let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
@@ -177,6 +178,7 @@ impl Proxy {
                 },
                 ticket: body_ticket,
                 limit,
+                delivered: delivered.clone(),
             },
         );
         // A newer owner's drain that runs out of time aborts this request and the client gets
@@ -200,7 +202,10 @@ impl Proxy {
                 &route.settings,
                 affinity,
                 req,
-                aborted.as_ref(),
+                aborted.as_ref().map(|generation| Abort {
+                    generation,
+                    delivered: delivered.as_ref(),
+                }),
             ))
             .await
         };
@@ -246,6 +251,7 @@ impl Proxy {
                         _inflight: inflight,
                         flight: crate::flight::Flight::of(ticket),
                         held,
+                        delivered,
                     }),
                 )
             }

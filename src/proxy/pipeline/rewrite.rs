@@ -19,6 +19,8 @@ pub(super) struct Forward<'a> {
     pub(super) ticket: Option<crate::drain::Ticket>,
     /// `max_body_bytes`, counted as the body streams (its length was not known up front).
     pub(super) limit: Option<super::body::BodyLimit>,
+    /// A guarded request's "handed over whole" flag.
+    pub(super) delivered: Option<super::body::Delivered>,
 }
 
 /// What [`rewrite_head`] needs to know beyond the request head itself.
@@ -45,7 +47,10 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
         .strip_token
         .then(|| f.head.token_header.clone());
     rewrite_head(&mut parts, f.head);
-    Request::from_parts(parts, RequestBody::new(body, strip, f.ticket, f.limit))
+    Request::from_parts(
+        parts,
+        RequestBody::new(body, strip, f.ticket, f.limit, f.delivered),
+    )
 }
 
 /// Turns the client's request head into the upstream's, in place: URI, version, hop-by-hop

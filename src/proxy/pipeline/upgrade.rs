@@ -88,7 +88,11 @@ pub(super) async fn forward(
         };
         resp.map(|r| (r, None)).map_err(|e| failed(&e))
     };
-    match abortable(call, aborted).await {
+    let abort = aborted.map(|generation| super::forward::Abort {
+        generation,
+        delivered: None,
+    });
+    match abortable(call, abort).await {
         Some(answer) => Forwarded::Answered(answer),
         None => Forwarded::Aborted,
     }

@@ -1,6 +1,7 @@
 //! One request on the fast path: judged by [`Proxy::admit`] (hyper's path's own checks),
 //! sent upstream at most once, and answered by relaying the upstream's response as is.
 
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -105,24 +106,42 @@ impl Conn {
         // The drain ticket is held until the exchange is over: a newer owner's drain waits for
         // it, or aborts it. An abort drops the upstream socket (closing it) before the body
         // went out whole, so the upstream never sees the request's end.
+        // Once the request went out whole, an abort no longer closes the socket: the upstream
+        // may apply the request whatever palisade does now, so its answer is waited for (the
+        // drain waits for it at most its abort grace) and relayed in full.
+        let mut ticket = ticket;
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
+        // Atomic only to keep the future `Send`: one task reads and writes it.
+        let delivered = AtomicBool::new(false);
         let limit = route.settings.response_timeout;
-        let sent = async {
-            let send = self.send(upstream, route.settings.connect_timeout, body, head_request);
-            match limit {
-                Some(limit) => tokio::time::timeout(limit, send)
-                    .await
-                    .unwrap_or(Err(Failed::Upstream(Rejection::UpstreamTimeout(limit)))),
-                None => send.await,
+        let sent = {
+            let sent = async {
+                let send = self.send(
+                    upstream,
+                    route.settings.connect_timeout,
+                    body,
+                    head_request,
+                    &delivered,
+                );
+                match limit {
+                    Some(limit) => tokio::time::timeout(limit, send)
+                        .await
+                        .unwrap_or(Err(Failed::Upstream(Rejection::UpstreamTimeout(limit)))),
+                    None => send.await,
+                }
+            };
+            tokio::pin!(sent);
+            match &aborted {
+                None => Some(sent.await),
+                Some(generation) => match tokio::select! {
+                    biased;
+                    () = generation.aborted() => None,
+                    r = &mut sent => Some(r),
+                } {
+                    None if delivered.load(Relaxed) => Some(sent.await),
+                    r => r,
+                },
             }
-        };
-        let sent = match &aborted {
-            None => Some(sent.await),
-            Some(generation) => tokio::select! {
-                biased;
-                () = generation.aborted() => None,
-                r = sent => Some(r),
-            },
         };
         let grpc2 = grpc.clone();
         let answer = match sent {
@@ -153,13 +172,25 @@ impl Conn {
         note.set(outcome, token);
         let status = answer.head.status;
         let closing = close || self.activity.stopping();
-        let relayed = match &aborted {
-            None => Some(self.relay(proxy, answer, close_upstream, closing).await),
-            Some(generation) => tokio::select! {
-                biased;
-                () = generation.aborted() => None,
-                r = self.relay(proxy, answer, close_upstream, closing) => Some(r),
-            },
+        let delivered = delivered.into_inner();
+        let relayed = {
+            let relay = self.relay(proxy, answer, close_upstream, closing);
+            tokio::pin!(relay);
+            match &aborted {
+                None => Some(relay.await),
+                Some(generation) => match tokio::select! {
+                    biased;
+                    () = generation.aborted() => None,
+                    r = &mut relay => Some(r),
+                } {
+                    // Went out whole and answered: the ticket goes back, the answer goes on.
+                    None if delivered => {
+                        drop(ticket.take());
+                        Some(relay.await)
+                    }
+                    r => r,
+                },
+            }
         };
         drop(ticket);
         drop(inflight);
@@ -220,6 +251,7 @@ impl Conn {
         connect: Duration,
         body: u64,
         head_request: bool,
+        delivered: &AtomicBool,
     ) -> Result<Answer, Failed> {
         let Some(pool) = &upstream.raw_idle else {
             return Err(Failed::Upstream(Rejection::UpstreamFailed(
@@ -315,7 +347,10 @@ impl Conn {
                     r = &mut upload, if uploading => {
                         uploading = false;
                         match r {
-                            Ok(()) => sent_whole = true,
+                            Ok(()) => {
+                                sent_whole = true;
+                                delivered.store(true, Relaxed);
+                            }
                             Err(None) => return Err(Failed::ClientGone),
                             // A write failed: the upstream may still have answered.
                             Err(Some(f)) => upload_failed = Some(f),
