@@ -12,17 +12,18 @@ use http::header::HeaderName;
 
 use crate::proxy::pipeline::fields::{same_name, Fields, FieldsMut, NewValue};
 
-/// Where a name's or a value's bytes are.
-#[derive(Debug, Clone)]
-enum Span {
-    /// In the head's own bytes.
-    Src(u32, u32),
-    /// In the store's `extra` bytes (values the rewriting computed).
-    Extra(u32, u32),
-    Static(&'static str),
-    /// A name the rewriting added (always a known one: Host, `x-forwarded-for`, ...).
-    Name(HeaderName),
+/// Where a name's or a value's bytes are: `at` and `len` in the head's own bytes, or, with
+/// [`EXTRA`] set in `at`, in the store's `extra` bytes (what the rewriting added). Plain
+/// numbers, so that clearing the store touches none of its old entries: at 256 connections
+/// each connection's store is cold in the cache when its next request comes.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    at: u32,
+    len: u32,
 }
+
+/// The bit of [`Span::at`] that says the bytes are in `extra`.
+const EXTRA: u32 = 1 << 31;
 
 /// One field as it came: its name's group and its value.
 #[derive(Debug)]
@@ -34,6 +35,9 @@ struct Field {
 /// The fields of one name (a `HeaderMap` entry).
 #[derive(Debug)]
 struct Group {
+    /// [`key`] of the name: most lookups are for names a head does not have, and are told
+    /// apart by this alone.
+    key: u32,
     name: Span,
     /// Set by `insert`: the one value that replaced all of this name's fields.
     replaced: Option<Span>,
@@ -58,16 +62,18 @@ impl FieldStore {
         self.extra.clear();
         for h in headers {
             let name = h.name.as_bytes();
+            let k = key(name);
             let group = match self.order.iter().copied().find(|g| {
-                matches!(self.groups[usize::from(*g)].name, Span::Src(at, len)
-                    if len as usize == name.len()
-                        && src[at as usize..(at + len) as usize].eq_ignore_ascii_case(name))
+                let group = &self.groups[usize::from(*g)];
+                let Span { at, len } = group.name;
+                group.key == k && src[at as usize..(at + len) as usize].eq_ignore_ascii_case(name)
             }) {
                 Some(g) => g,
                 None => {
                     // At most `MAX_HEADERS` (100) fields: the index fits.
                     let g = self.groups.len() as u16;
                     self.groups.push(Group {
+                        key: k,
                         name: src_span(src, name),
                         replaced: None,
                     });
@@ -88,12 +94,28 @@ impl FieldStore {
     }
 }
 
+/// A name's length and its first and last bytes in lower case: equal for equal names (any
+/// case). Names are shorter than 64 KiB (`HeaderName`'s limit, checked when parsed).
+fn key(name: &[u8]) -> u32 {
+    let (first, last) = match name {
+        [] => (0, 0),
+        [f, .., l] => (*f, *l),
+        [f] => (*f, *f),
+    };
+    (name.len() as u32) << 16
+        | u32::from(first.to_ascii_lowercase()) << 8
+        | u32::from(last.to_ascii_lowercase())
+}
+
 /// Where `part`, a slice of `src`, lies in it.
 fn src_span(src: &[u8], part: &[u8]) -> Span {
     let at = (part.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize);
     debug_assert!(at + part.len() <= src.len());
-    // A head is at most `max_header_bytes` (far below 4 GiB).
-    Span::Src(at as u32, part.len() as u32)
+    // A head is at most `max_header_bytes` (far below 2 GiB).
+    Span {
+        at: at as u32,
+        len: part.len() as u32,
+    }
 }
 
 /// A head's fields over the bytes they were read from.
@@ -103,22 +125,32 @@ pub(super) struct FieldList<'a> {
 }
 
 impl FieldList<'_> {
-    fn bytes<'s>(&'s self, span: &'s Span) -> &'s [u8] {
-        let at = |a: u32, l: u32| a as usize..(a + l) as usize;
-        match span {
-            Span::Src(a, l) => &self.src[at(*a, *l)],
-            Span::Extra(a, l) => &self.store.extra[at(*a, *l)],
-            Span::Static(s) => s.as_bytes(),
-            Span::Name(n) => n.as_str().as_bytes(),
+    fn bytes(&self, span: Span) -> &[u8] {
+        let (at, len) = ((span.at & !EXTRA) as usize, span.len as usize);
+        if span.at & EXTRA == 0 {
+            &self.src[at..at + len]
+        } else {
+            &self.store.extra[at..at + len]
+        }
+    }
+
+    /// Keeps `b` in the store's own bytes.
+    fn keep(&mut self, b: &[u8]) -> Span {
+        let at = self.store.extra.len() as u32 | EXTRA;
+        self.store.extra.extend_from_slice(b);
+        Span {
+            at,
+            len: b.len() as u32,
         }
     }
 
     /// The position in `order` of the live group named `name`.
     fn find(&self, name: &HeaderName) -> Option<usize> {
-        self.store
-            .order
-            .iter()
-            .position(|g| same_name(self.bytes(&self.store.groups[usize::from(*g)].name), name))
+        let k = key(name.as_str().as_bytes());
+        self.store.order.iter().position(|g| {
+            let group = &self.store.groups[usize::from(*g)];
+            group.key == k && same_name(self.bytes(group.name), name)
+        })
     }
 
     /// Writes each field as `name: value` with the name in lower case (as hyper writes a
@@ -126,18 +158,18 @@ impl FieldList<'_> {
     pub(super) fn write(&self, out: &mut Vec<u8>) {
         for &g in &self.store.order {
             let group = &self.store.groups[usize::from(g)];
-            let name = self.bytes(&group.name);
+            let name = self.bytes(group.name);
             let mut line = |value: &[u8]| {
                 out.extend(name.iter().map(u8::to_ascii_lowercase));
                 out.extend_from_slice(b": ");
                 out.extend_from_slice(value);
                 out.extend_from_slice(b"\r\n");
             };
-            match &group.replaced {
+            match group.replaced {
                 Some(v) => line(self.bytes(v)),
                 None => {
                     for f in self.store.fields.iter().filter(|f| f.group == g) {
-                        line(self.bytes(&f.value));
+                        line(self.bytes(f.value));
                     }
                 }
             }
@@ -151,7 +183,7 @@ impl<'a> Fields for FieldList<'a> {
             None => (None, None),
             Some(i) => {
                 let g = self.store.order[i];
-                match &self.store.groups[usize::from(g)].replaced {
+                match self.store.groups[usize::from(g)].replaced {
                     Some(v) => (Some(self.bytes(v)), None),
                     None => (None, Some(g)),
                 }
@@ -166,7 +198,7 @@ impl<'a> Fields for FieldList<'a> {
             fields
                 .iter()
                 .filter(move |f| Some(f.group) == group)
-                .map(|f| self.bytes(&f.value)),
+                .map(|f| self.bytes(f.value)),
         )
     }
 
@@ -174,7 +206,7 @@ impl<'a> Fields for FieldList<'a> {
         self.store
             .order
             .iter()
-            .map(|g| self.bytes(&self.store.groups[usize::from(*g)].name))
+            .map(|g| self.bytes(self.store.groups[usize::from(*g)].name))
     }
 }
 
@@ -187,17 +219,12 @@ impl FieldsMut for FieldList<'_> {
 
     fn insert(&mut self, name: &HeaderName, value: NewValue<'_>) {
         let value = match value {
-            NewValue::Static(s) => Span::Static(s),
-            NewValue::Bytes(b) => {
-                // As `HeaderValue::from_bytes`: no control bytes but tab, no DEL.
-                if !b.iter().all(|&c| (c >= b' ' && c != 0x7f) || c == b'\t') {
-                    return;
-                }
-                let at = self.store.extra.len() as u32;
-                self.store.extra.extend_from_slice(b);
-                Span::Extra(at, b.len() as u32)
-            }
+            NewValue::Static(s) => s.as_bytes(),
+            // As `HeaderValue::from_bytes`: no control bytes but tab, no DEL.
+            NewValue::Bytes(b) if b.iter().all(|&c| (c >= b' ' && c != 0x7f) || c == b'\t') => b,
+            NewValue::Bytes(_) => return,
         };
+        let value = self.keep(value);
         match self.find(name) {
             Some(i) => {
                 let g = usize::from(self.store.order[i]);
@@ -205,8 +232,12 @@ impl FieldsMut for FieldList<'_> {
             }
             None => {
                 let g = self.store.groups.len() as u16;
+                let name_bytes = name.as_str().as_bytes();
+                let k = key(name_bytes);
+                let name = self.keep(name_bytes);
                 self.store.groups.push(Group {
-                    name: Span::Name(name.clone()),
+                    key: k,
+                    name,
                     replaced: Some(value),
                 });
                 self.store.order.push(g);
