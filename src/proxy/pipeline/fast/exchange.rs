@@ -100,6 +100,15 @@ impl Conn {
         // it, or aborts it. An abort drops the upstream socket (closing it) before the body
         // went out whole, so the upstream never sees the request's end.
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
+        // One wait for the abort over the whole exchange, the upstream's answer and the relay:
+        // its wake-up is registered once.
+        let abort = async {
+            match &aborted {
+                Some(generation) => generation.aborted().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(abort);
         let limit = route.settings.response_timeout;
         let sent = async {
             let send = self.send(upstream, route.settings.connect_timeout, body, head_request);
@@ -110,13 +119,10 @@ impl Conn {
                 None => send.await,
             }
         };
-        let sent = match &aborted {
-            None => Some(sent.await),
-            Some(generation) => tokio::select! {
-                biased;
-                () = generation.aborted() => None,
-                r = sent => Some(r),
-            },
+        let sent = tokio::select! {
+            biased;
+            () = &mut abort => None,
+            r = sent => Some(r),
         };
         let grpc2 = grpc.clone();
         let answer = match sent {
@@ -147,13 +153,10 @@ impl Conn {
         note.set(outcome, token);
         let status = answer.head.status;
         let closing = close || self.activity.stopping();
-        let relayed = match &aborted {
-            None => Some(self.relay(proxy, answer, close_upstream, closing).await),
-            Some(generation) => tokio::select! {
-                biased;
-                () = generation.aborted() => None,
-                r = self.relay(proxy, answer, close_upstream, closing) => Some(r),
-            },
+        let relayed = tokio::select! {
+            biased;
+            () = &mut abort => None,
+            r = self.relay(proxy, answer, close_upstream, closing) => Some(r),
         };
         drop(ticket);
         drop(inflight);

@@ -31,6 +31,8 @@ mod upstream;
 mod upstream_head;
 mod write;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -54,6 +56,7 @@ const READ_SIZE: usize = 4 * 1024;
 pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
     Box::pin(async move {
         Conn {
+            stop: Some(Box::pin(conn.activity.stop_signal())),
             client: conn.stream,
             peer: conn.peer,
             activity: conn.activity,
@@ -102,6 +105,9 @@ struct Conn {
     scratch: Vec<u8>,
     /// The fields of the head being served (the request's, then the response's).
     fields: FieldStore,
+    /// Resolves when the connection is asked to finish; kept (and its wake-up registered)
+    /// across idle waits. `None` once it resolved.
+    stop: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 /// Whether the client connection stays open after an exchange.
@@ -158,9 +164,15 @@ impl Conn {
             if self.activity.stopping() {
                 return false;
             }
+            let Some(stop) = &mut self.stop else {
+                return false;
+            };
             tokio::select! {
                 biased;
-                () = self.activity.stopped() => false,
+                () = stop.as_mut() => {
+                    self.stop = None;
+                    false
+                }
                 r = self.client.read_buf(&mut self.buf) => matches!(r, Ok(n) if n > 0),
             }
         } else {
