@@ -49,6 +49,7 @@ pub(crate) use write_through;
 
 mod conn;
 mod handoff;
+mod wake;
 
 use std::convert::Infallible;
 use std::future::Future;
