@@ -32,7 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::wake::Flag;
+use super::wake::Gate;
 use super::Limits;
 use crate::metrics::ConnMetrics;
 
@@ -258,9 +258,9 @@ impl Watch {
         let mut hard_stop: Option<Instant> = None;
         // The timer and the stop signal are polled with this flag's waker, and only when it
         // was raised: the connection's own wake-ups do not poll them (see `wake`).
-        let (flag, watch_waker) = Flag::new();
+        let gate = Gate::new();
         loop {
-            flag.raise(); // new or reset futures below: poll them once
+            gate.open(); // new or reset futures below: poll them once
             let event = {
                 let changed = self.stopping.changed();
                 tokio::pin!(changed);
@@ -268,20 +268,17 @@ impl Watch {
                     if let Poll::Ready(res) = conn.as_mut().poll(cx) {
                         return Poll::Ready(Event::Ended(res));
                     }
-                    flag.register(cx.waker());
-                    if !flag.take() {
-                        return Poll::Pending;
-                    }
-                    let mut wcx = Context::from_waker(&watch_waker);
-                    if hard_stop.is_none() {
-                        if let Poll::Ready(changed) = changed.as_mut().poll(&mut wcx) {
-                            return Poll::Ready(Event::Stopping(changed.is_err()));
+                    // Both behind one gate: when either woke the task, both are polled.
+                    let watchdog = std::future::poll_fn(|wcx| {
+                        if hard_stop.is_none() {
+                            if let Poll::Ready(changed) = changed.as_mut().poll(wcx) {
+                                return Poll::Ready(Event::Stopping(changed.is_err()));
+                            }
                         }
-                    }
-                    match timer.as_mut().poll(&mut wcx) {
-                        Poll::Ready(()) => Poll::Ready(Event::Timer),
-                        Poll::Pending => Poll::Pending,
-                    }
+                        timer.as_mut().poll(wcx).map(|()| Event::Timer)
+                    });
+                    tokio::pin!(watchdog);
+                    gate.poll(watchdog, cx)
                 })
                 .await
             };
