@@ -137,25 +137,29 @@ pub fn from_headers(
     // A typical head has a handful of fields: comparing names (most are standard names, told
     // apart by their tag alone) is cheaper than hashing ours (FNV, a byte at a time: ~20 ns).
     if headers.keys_len() <= SCAN_UP_TO {
-        let mut found = None;
-        for (n, v) in headers {
-            if n == name {
-                if found.is_some() {
-                    return Err(TokenError::Repeated);
-                }
-                found = Some(v);
-            }
-        }
-        return found.map(|v| FencingToken::parse(v.as_bytes())).transpose();
+        return from_values(
+            headers
+                .iter()
+                .filter(|(n, _)| *n == name)
+                .map(|(_, v)| v.as_bytes()),
+        );
     }
-    let mut values = headers.get_all(name).iter();
+    from_values(headers.get_all(name).iter().map(HeaderValue::as_bytes))
+}
+
+/// Reads the token from the values of its header, in order, wherever they are held (the
+/// proxy's fast path reads them from the client's bytes): the one rule for absent, repeated
+/// and malformed tokens.
+pub(crate) fn from_values<'a>(
+    mut values: impl Iterator<Item = &'a [u8]>,
+) -> Result<Option<FencingToken>, TokenError> {
     let Some(first) = values.next() else {
         return Ok(None);
     };
     if values.next().is_some() {
         return Err(TokenError::Repeated);
     }
-    FencingToken::parse(first.as_bytes()).map(Some)
+    FencingToken::parse(first).map(Some)
 }
 
 /// Up to this many distinct field names, [`from_headers`] scans instead of hashing.

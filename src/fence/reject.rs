@@ -81,10 +81,15 @@ pub enum Rejection {
 /// requests take the trailers-only form, with this content type echoed.
 pub fn grpc_content_type(headers: &http::HeaderMap) -> Option<HeaderValue> {
     let v = headers.get(header::CONTENT_TYPE)?;
-    let b = v.as_bytes();
+    is_grpc_content_type(v.as_bytes()).then(|| v.clone())
+}
+
+/// Whether a `Content-Type` value is gRPC's (`application/grpc`, `-web`, `-web-text`, with
+/// an optional `+format` or parameters), whatever holds the value.
+pub(crate) fn is_grpc_content_type(b: &[u8]) -> bool {
     let prefix = b"application/grpc";
     if b.len() < prefix.len() || !b[..prefix.len()].eq_ignore_ascii_case(prefix) {
-        return None;
+        return false;
     }
     let mut rest = &b[prefix.len()..];
     for sub in [&b"-web-text"[..], b"-web"] {
@@ -93,7 +98,7 @@ pub fn grpc_content_type(headers: &http::HeaderMap) -> Option<HeaderValue> {
             break;
         }
     }
-    matches!(rest.first(), None | Some(b'+' | b';')).then(|| v.clone())
+    matches!(rest.first(), None | Some(b'+' | b';'))
 }
 
 /// What is known about the request being refused, for the response body and logs.

@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use http::header::HeaderValue;
-use http::{Request, Response};
+use http::Response;
 use http_body_util::Full;
 
 use super::body::{BodyLimit, InflightGuard};
 use super::note::Note;
-use super::request::{grpc_content_type, has_body, is_bodiless_method, request_host};
+use super::request::{grpc_content_type, has_body, is_bodiless_method, request_host, RequestView};
 use super::upstream::Upstream;
 use super::{Proxy, Route, Routed};
 use crate::config::GetBodies;
@@ -45,20 +45,21 @@ pub(super) struct Admitted<'a> {
 impl Proxy {
     /// Everything before the upstream exchange, shared by hyper's path ([`Proxy::serve`]) and
     /// the HTTP/1.1 fast path (`fast`): path normal form, host, routing, method rules, the
-    /// GET-body rule, `max_body_bytes` and the fence. Only the request's head is read (and its
-    /// body's size hint): both paths judge a request by exactly the same code.
+    /// GET-body rule, `max_body_bytes` and the fence. Only the request's head is read (and what
+    /// its framing says of the body), through [`RequestView`]: both paths judge a request by
+    /// exactly the same code.
     ///
     /// `Err` is the refusal to send, already counted, logged and noted.
-    pub(super) async fn admit<'a, B: http_body::Body>(
+    pub(super) async fn admit<'a, R: RequestView>(
         &'a self,
-        req: &Request<B>,
+        req: &R,
         peer: std::net::SocketAddr,
         started: Instant,
         note: &mut Note<'a>,
     ) -> Result<Admitted<'a>, Response<Full<Bytes>>> {
-        let grpc = grpc_content_type(req.headers());
+        let grpc = grpc_content_type(req.fields());
 
-        let normalized = match path::normalize(req.uri().path()) {
+        let normalized = match path::normalize(req.path()) {
             Ok(p) if self.require_nfkc_paths && !path::is_nfkc(&p) => Err(PathError::NotNfkc),
             r => r,
         };
@@ -152,7 +153,7 @@ impl Proxy {
         // An oversized body is refused before the guard: it must not advance a mark.
         let limit = match route.settings.max_body_bytes {
             None => None,
-            Some(max) => match http_body::Body::size_hint(req.body()).exact() {
+            Some(max) => match req.body_length() {
                 Some(n) if n > max => {
                     let why = Rejection::BodyTooLarge { limit: max };
                     let refused = (Outcome::TooLarge, None);
@@ -168,7 +169,7 @@ impl Proxy {
         };
         let inflight = InflightGuard::new(&route.metrics.inflight);
 
-        let (outcome, token, ticket) = match self.fence(route, req.headers()).await {
+        let (outcome, token, ticket) = match self.fence(route, req.fields()).await {
             Ok(admitted) => admitted,
             Err((rejection, outcome, token)) => {
                 return Err(self.refuse(

@@ -206,7 +206,9 @@ impl Body for RequestBody {
                     Ok(mut trailers) => {
                         let doomed: Vec<HeaderName> = trailers
                             .keys()
-                            .filter(|n| super::request::same_under_cgi(n, strip))
+                            .filter(|n| {
+                                super::request::same_under_cgi(n.as_str().as_bytes(), strip)
+                            })
                             .cloned()
                             .collect();
                         for n in doomed {

@@ -10,6 +10,7 @@ mod body;
 mod build;
 mod dial;
 pub(crate) mod fast;
+mod fields;
 mod forward;
 mod note;
 mod refuse;
@@ -113,7 +114,7 @@ impl Proxy {
                 .serve(req, client, affinity, started, &mut Note::default())
                 .await;
         };
-        let mut logged = Logged::new(log, &req, client.addr, started);
+        let mut logged = Logged::of(log, &req, client.addr, started);
         let resp = self
             .serve(req, client, affinity, started, &mut logged.note)
             .await;

@@ -46,9 +46,10 @@ pub(super) struct Logged<'a> {
 }
 
 impl<'a> Logged<'a> {
-    pub(super) fn new<B>(
+    /// `method` and `uri` are the request's (on hyper's path, clones of its own).
+    pub(super) fn new(
         log: &'a AccessLog,
-        req: &Request<B>,
+        (method, uri): (Method, Uri),
         peer: SocketAddr,
         started: Instant,
     ) -> Self {
@@ -57,10 +58,25 @@ impl<'a> Logged<'a> {
             note: Note::default(),
             peer,
             started,
-            method: req.method().clone(),
-            uri: req.uri().clone(),
+            method,
+            uri,
             status: None,
         }
+    }
+
+    /// [`Logged::new`] for a request hyper parsed.
+    pub(super) fn of<B>(
+        log: &'a AccessLog,
+        req: &Request<B>,
+        peer: SocketAddr,
+        started: Instant,
+    ) -> Self {
+        Self::new(
+            log,
+            (req.method().clone(), req.uri().clone()),
+            peer,
+            started,
+        )
     }
 
     /// The answer's status; the line is written when `self` is dropped.

@@ -5,11 +5,12 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderMap, HeaderValue};
-use http::{Method, Request, Response};
+use http::header::HeaderValue;
+use http::Response;
 use http_body_util::Full;
 
-use super::request::token_alias;
+use super::fields::Fields;
+use super::request::{token_alias, RequestView};
 use super::upstream::Upstream;
 use super::{Note, Proxy, Route, Routed};
 use crate::admission::{Refused, Resource};
@@ -17,7 +18,7 @@ use crate::config::{MissingToken, OtherMethods};
 use crate::drain::Ticket;
 use crate::metrics::Outcome;
 use crate::reject::{Context, Rejection};
-use crate::token::{self, FencingToken};
+use crate::token::FencingToken;
 
 impl Proxy {
     /// Answers a request that a newer owner's drain aborted before its response started.
@@ -127,7 +128,7 @@ impl Proxy {
     pub(super) async fn fence(
         &self,
         route: &Route,
-        headers: &HeaderMap,
+        headers: &impl Fields,
     ) -> Result<(Outcome, Option<u64>, Option<Ticket>), (Rejection, Outcome, Option<u64>)> {
         let Some(resource) = &route.resource else {
             return Ok((Outcome::Passthrough, None, None));
@@ -135,7 +136,7 @@ impl Proxy {
         if token_alias(headers, &self.header).is_some() {
             return Err((Rejection::TokenAlias, Outcome::Malformed, None));
         }
-        let t: FencingToken = match token::from_headers(headers, &self.header) {
+        let t: FencingToken = match headers.token(&self.header) {
             Ok(Some(t)) if route.settings.max_token.is_some_and(|max| t.get() > max) => {
                 let max = route.settings.max_token.unwrap_or(u64::MAX);
                 return Err((
@@ -198,8 +199,7 @@ impl Proxy {
         }
     }
 
-    pub(super) fn route(&self, method: &Method, host: &str, key: &str) -> Routed<'_> {
-        let method = method.as_str();
+    pub(super) fn route(&self, method: &str, host: &str, key: &str) -> Routed<'_> {
         for r in &self.routes {
             let s = &r.settings;
             let place = s
@@ -226,17 +226,17 @@ impl Proxy {
         Routed::Nowhere
     }
 
-    pub(super) fn refuse_unrouted<B>(
+    pub(super) fn refuse_unrouted(
         &self,
         rejection: Rejection,
         outcome: Outcome,
         grpc: Option<HeaderValue>,
         peer: SocketAddr,
-        req: &Request<B>,
+        req: &impl RequestView,
         note: &mut Note<'_>,
     ) -> Response<Full<Bytes>> {
         note.set(outcome, None);
-        tracing::info!(method = %req.method(), path = req.uri().path(), peer = %peer, reason = %rejection, "request refused");
+        tracing::info!(method = req.method(), path = req.path(), peer = %peer, reason = %rejection, "request refused");
         self.unrouted.count(outcome);
         rejection.respond(Context::default(), grpc.as_ref())
     }

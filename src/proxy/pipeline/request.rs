@@ -1,13 +1,73 @@
 //! What the proxy reads from a client's request before routing it: its host, whether it is
 //! gRPC, whether it carries a body, and header spellings that would smuggle a second token.
 
-use http::header::{self, HeaderMap, HeaderName};
-use http::{Method, Request, Version};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Version};
 use http_body::Body;
 
+use super::fields::{same_name, Fields};
 use crate::host::{self, HostPort};
 
-pub(super) use crate::reject::grpc_content_type;
+/// A request's head as the checks read it: hyper's parsed [`Request`] on hyper's path, the
+/// client's own bytes on the fast path. Every rule of [`super::Proxy::admit`] reads a request
+/// only through this, so that both paths judge it by the same code.
+pub(super) trait RequestView {
+    /// The head's fields.
+    type Fields: Fields;
+
+    /// The method as the client spelled it.
+    fn method(&self) -> &str;
+    /// The target's path (no query).
+    fn path(&self) -> &str;
+    /// The authority of an absolute-form target or HTTP/2's `:authority`.
+    fn authority(&self) -> Option<&str>;
+    fn version(&self) -> Version;
+    fn fields(&self) -> &Self::Fields;
+    /// No body bytes follow the head (as `Body::is_end_stream`).
+    fn body_ended(&self) -> bool;
+    /// The body's length, when the framing says it up front.
+    fn body_length(&self) -> Option<u64>;
+}
+
+impl<B: Body> RequestView for Request<B> {
+    type Fields = HeaderMap;
+
+    fn method(&self) -> &str {
+        Request::method(self).as_str()
+    }
+
+    fn path(&self) -> &str {
+        self.uri().path()
+    }
+
+    fn authority(&self) -> Option<&str> {
+        self.uri().authority().map(|a| a.as_str())
+    }
+
+    fn version(&self) -> Version {
+        Request::version(self)
+    }
+
+    fn fields(&self) -> &HeaderMap {
+        self.headers()
+    }
+
+    fn body_ended(&self) -> bool {
+        self.body().is_end_stream()
+    }
+
+    fn body_length(&self) -> Option<u64> {
+        self.body().size_hint().exact()
+    }
+}
+
+/// The request's content type if it is gRPC (see [`crate::reject::grpc_content_type`]).
+pub(super) fn grpc_content_type(fields: &impl Fields) -> Option<HeaderValue> {
+    fields
+        .first(&header::CONTENT_TYPE)
+        .filter(|v| crate::reject::is_grpc_content_type(v))
+        .and_then(|v| HeaderValue::from_bytes(v).ok())
+}
 
 /// The host the request is for, validated (see [`crate::host`]).
 ///
@@ -15,19 +75,22 @@ pub(super) use crate::reject::grpc_content_type;
 /// and so is an HTTP/1.0 or HTTP/2 request with neither Host nor authority, since a host-scoped
 /// route could not judge it. Two Host headers, or a Host that disagrees with the request's
 /// authority (HTTP/2 `:authority`, HTTP/1.1 absolute-form), are refused too.
-pub(super) fn request_host<B>(req: &Request<B>) -> Result<HostPort<'_>, &'static str> {
-    let mut hosts = req.headers().get_all(header::HOST).iter();
+pub(super) fn request_host(req: &impl RequestView) -> Result<HostPort<'_>, &'static str> {
+    let mut hosts = req.fields().values(&header::HOST);
     let header = hosts.next();
     if hosts.next().is_some() {
         return Err("more than one Host header");
     }
     let header = header
         .map(|h| {
-            h.to_str()
-                .map_err(|_| "the Host header is not visible ASCII")
+            // As `HeaderValue::to_str`: visible ASCII (then also UTF-8).
+            super::fields::is_text(h)
+                .then(|| std::str::from_utf8(h).ok())
+                .flatten()
+                .ok_or("the Host header is not visible ASCII")
         })
         .transpose()?;
-    let authority = req.uri().authority().map(|a| a.as_str());
+    let authority = req.authority();
     let raw = match (header, authority) {
         (Some(h), Some(a)) if !h.eq_ignore_ascii_case(a) => {
             return Err("the Host header disagrees with the request's authority")
@@ -43,50 +106,39 @@ pub(super) fn request_host<B>(req: &Request<B>) -> Result<HostPort<'_>, &'static
 }
 
 /// Methods that carry no body by convention (RFC 9110 9.3): an upstream may never read one.
-pub(super) fn is_bodiless_method(m: &Method) -> bool {
+pub(super) fn is_bodiless_method(m: &str) -> bool {
     // Whatever the case: routing matches methods case-insensitively (a legacy upstream may
     // take `get` for GET), so `get` with a body is the same smuggling vector as GET.
-    [
-        Method::GET,
-        Method::HEAD,
-        Method::OPTIONS,
-        Method::TRACE,
-        Method::CONNECT,
-    ]
-    .iter()
-    .any(|b| b.as_str().eq_ignore_ascii_case(m.as_str()))
+    ["GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"]
+        .iter()
+        .any(|b| b.eq_ignore_ascii_case(m))
 }
 
 /// Whether the request carries body bytes: a Content-Length other than 0, chunked framing,
 /// or HTTP/2 DATA still to come.
-pub(super) fn has_body<B: Body>(req: &Request<B>) -> bool {
-    !req.body().is_end_stream()
-        || req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() != b"0")
-        || req.headers().contains_key(header::TRANSFER_ENCODING)
+pub(super) fn has_body(req: &impl RequestView) -> bool {
+    let f = req.fields();
+    !req.body_ended()
+        || f.first(&header::CONTENT_LENGTH).is_some_and(|v| v != b"0")
+        || f.contains(&header::TRANSFER_ENCODING)
 }
 
-/// Whether `name` reads as `token` to a CGI/WSGI server, which maps `-` and `_` alike to `_`
-/// (`x_fencing_token`, `x-fencing_token`, ...). Header names are already lower case.
-pub(super) fn same_under_cgi(name: &HeaderName, token: &HeaderName) -> bool {
-    let (a, b) = (name.as_str().as_bytes(), token.as_str().as_bytes());
+/// Whether the field name `name` (any case) reads as `token` to a CGI/WSGI server, which maps
+/// `-` and `_` alike to `_` and ignores case (`x_fencing_token`, `X-Fencing_Token`, ...).
+pub(super) fn same_under_cgi(name: &[u8], token: &HeaderName) -> bool {
+    let (a, b) = (name, token.as_str().as_bytes());
     a.len() == b.len()
-        && a.iter()
-            .zip(b)
-            .all(|(x, y)| x == y || (matches!(x, b'-' | b'_') && matches!(y, b'-' | b'_')))
+        && a.iter().zip(b).all(|(x, y)| {
+            x.eq_ignore_ascii_case(y) || (matches!(x, b'-' | b'_') && matches!(y, b'-' | b'_'))
+        })
 }
 
-/// A header other than `token` itself that a CGI-style upstream would merge with it.
-pub(super) fn token_alias<'a>(
-    headers: &'a HeaderMap,
-    token: &HeaderName,
-) -> Option<&'a HeaderName> {
+/// A field name other than `token` itself that a CGI-style upstream would merge with it.
+pub(super) fn token_alias<'a>(fields: &'a impl Fields, token: &HeaderName) -> Option<&'a [u8]> {
     let len = token.as_str().len();
-    headers
-        .keys()
-        .find(|n| n.as_str().len() == len && *n != token && same_under_cgi(n, token))
+    fields
+        .names()
+        .find(|n| n.len() == len && !same_name(n, token) && same_under_cgi(n, token))
 }
 
 #[cfg(test)]
@@ -135,7 +187,7 @@ mod tests {
                 HeaderName::from_bytes(alias.as_bytes()).unwrap(),
                 HeaderValue::from_static("1"),
             );
-            assert_eq!(token_alias(&h, &t).map(HeaderName::as_str), Some(alias));
+            assert_eq!(token_alias(&h, &t), Some(alias.as_bytes()));
         }
     }
 }

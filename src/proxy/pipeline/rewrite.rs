@@ -3,12 +3,13 @@
 
 use std::net::SocketAddr;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderName};
 use http::uri::PathAndQuery;
 use http::{Request, Uri, Version};
 use hyper::body::Incoming;
 
 use super::body::RequestBody;
+use super::fields::{is_text, same_name, Fields, FieldsMut, NewValue};
 use super::upstream::Upstream;
 use crate::config::{Protocol, RouteSettings};
 
@@ -54,36 +55,22 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
 }
 
 /// Turns the client's request head into the upstream's, in place: URI, version, hop-by-hop
-/// headers, the token header, Host and `x-forwarded-*`. hyper's path and the HTTP/1.1 fast
-/// path both call it, so the upstream sees the same head whichever path served the client.
-pub(super) fn rewrite_head(parts: &mut http::request::Parts, f: Head<'_>) {
+/// headers, the token header, Host and `x-forwarded-*`. hyper's path calls it; the HTTP/1.1
+/// fast path writes the same head from the client's bytes with the same parts
+/// ([`upstream_target`], [`client_authority`], [`rewrite_fields`]), so the upstream sees the
+/// same head whichever path served the client.
+pub(super) fn rewrite_head(parts: &mut http::request::Parts, mut f: Head<'_>) {
     let settings = &f.upstream.settings;
-    let path_and_query = match (f.rewritten_path, parts.uri.query()) {
-        (None, _) => parts.uri.path_and_query().cloned(),
-        (Some(p), None) => PathAndQuery::try_from(p).ok(),
-        (Some(p), Some(q)) => PathAndQuery::try_from(format!("{p}?{q}")).ok(),
+    let path_and_query = match f.rewritten_path.take() {
+        None => parts.uri.path_and_query().cloned(),
+        Some(p) => upstream_target(p, parts.uri.query()),
     };
-    // The host the upstream sees is the one routing judged: a trailing dot is removed for
-    // both (see `crate::host`), so `api.example.com.` cannot be routed as one host and served
-    // as another.
-    let normalized_host = f.normalized_host;
-    // Parsed only where it is used (h2c's :authority, or a Host to fill in): HTTP/1.1 requests
-    // with a Host of their own skip it.
-    let needs_authority = settings.protocol.is_http2()
-        || normalized_host.is_some()
-        || !parts.headers.contains_key(header::HOST);
-    let client_authority = if !needs_authority {
-        None
-    } else {
-        match &normalized_host {
-            Some(h) => http::uri::Authority::try_from(h.as_str()).ok(),
-            None => parts
-                .headers
-                .get(header::HOST)
-                .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
-                .or_else(|| parts.uri.authority().cloned()),
-        }
-    };
+    let client_authority = client_authority(
+        settings.protocol,
+        f.normalized_host.as_deref(),
+        &parts.headers,
+        parts.uri.authority(),
+    );
     let path_and_query = path_and_query.unwrap_or_else(|| PathAndQuery::from_static("/"));
     let mut uri = http::uri::Parts::default();
     match settings.protocol {
@@ -110,57 +97,115 @@ pub(super) fn rewrite_head(parts: &mut http::request::Parts, f: Head<'_>) {
         Protocol::Http1 => Version::HTTP_11,
         Protocol::H2c | Protocol::H2 => Version::HTTP_2,
     };
+    rewrite_fields(&mut parts.headers, &f, client_authority.as_ref());
+}
 
-    let h = &mut parts.headers;
+/// The target the upstream sees when the path's normal form differs from the client's
+/// spelling: the normal form and the client's query; `None` (sent as `/`) if that is not a
+/// valid target.
+pub(super) fn upstream_target(normal: String, query: Option<&str>) -> Option<PathAndQuery> {
+    match query {
+        None => PathAndQuery::try_from(normal).ok(),
+        Some(q) => PathAndQuery::try_from(format!("{normal}?{q}")).ok(),
+    }
+}
+
+/// The client's authority, where the upstream needs it: for h2c's `:authority`, or a Host to
+/// fill in or normalize. `None` otherwise: HTTP/1.1 requests with a Host of their own, the
+/// common case, skip parsing it.
+pub(super) fn client_authority(
+    protocol: Protocol,
+    normalized_host: Option<&str>,
+    fields: &impl Fields,
+    uri_authority: Option<&http::uri::Authority>,
+) -> Option<http::uri::Authority> {
+    // The host the upstream sees is the one routing judged: a trailing dot is removed for
+    // both (see `crate::host`), so `api.example.com.` cannot be routed as one host and served
+    // as another.
+    let needs_authority =
+        protocol.is_http2() || normalized_host.is_some() || !fields.contains(&header::HOST);
+    if !needs_authority {
+        return None;
+    }
+    match normalized_host {
+        Some(h) => http::uri::Authority::try_from(h).ok(),
+        None => fields
+            .first(&header::HOST)
+            .and_then(|h| http::uri::Authority::try_from(h).ok())
+            .or_else(|| uri_authority.cloned()),
+    }
+}
+
+/// The header rules of [`rewrite_head`], on either path's fields: hop-by-hop headers, the
+/// token header, Host (`authority`: from [`client_authority`]) and `x-forwarded-*`.
+pub(super) fn rewrite_fields<F: FieldsMut>(
+    h: &mut F,
+    f: &Head<'_>,
+    authority: Option<&http::uri::Authority>,
+) {
     strip_hop_by_hop(h, f.token_header);
     if f.route.strip_token {
         h.remove(f.token_header);
     }
-    match settings.protocol {
-        Protocol::H2c | Protocol::H2 => {
-            h.remove(header::HOST);
-        }
+    match f.upstream.settings.protocol {
+        Protocol::H2c | Protocol::H2 => h.remove(&header::HOST),
         Protocol::Http1 => {
-            let missing = !h.contains_key(header::HOST);
-            if missing || normalized_host.is_some() {
-                if let Some(a) =
-                    client_authority.and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-                {
-                    h.insert(header::HOST, a);
+            let missing = !h.contains(&header::HOST);
+            if missing || f.normalized_host.is_some() {
+                if let Some(a) = authority {
+                    h.insert(&header::HOST, NewValue::Bytes(a.as_str().as_bytes()));
                 }
             }
             if f.close {
-                h.insert(header::CONNECTION, HeaderValue::from_static("close"));
+                h.insert(&header::CONNECTION, NewValue::Static("close"));
             }
         }
     }
-    let xff = if h.contains_key(&X_FORWARDED_FOR) {
-        let prior: Vec<&str> = h
-            .get_all(&X_FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        HeaderValue::from_str(&format!("{}, {}", prior.join(", "), f.peer.ip())).ok()
+    // The peer's address, after any the client sent (those that read as text).
+    let ip = ip_text(f.peer.ip());
+    if h.contains(&X_FORWARDED_FOR) {
+        let mut list = Vec::with_capacity(64);
+        for (i, prior) in h
+            .values(&X_FORWARDED_FOR)
+            .filter(|v| is_text(v))
+            .enumerate()
+        {
+            if i > 0 {
+                list.extend_from_slice(b", ");
+            }
+            list.extend_from_slice(prior);
+        }
+        list.extend_from_slice(b", ");
+        list.extend_from_slice(ip.as_bytes());
+        h.insert(&X_FORWARDED_FOR, NewValue::Bytes(&list));
     } else {
-        Some(ip_header(f.peer.ip()))
-    };
-    if let Some(v) = xff {
-        h.insert(X_FORWARDED_FOR, v);
+        h.insert(&X_FORWARDED_FOR, NewValue::Bytes(ip.as_bytes()));
     }
     h.insert(
-        X_FORWARDED_PROTO,
-        HeaderValue::from_static(if f.https { "https" } else { "http" }),
+        &X_FORWARDED_PROTO,
+        NewValue::Static(if f.https { "https" } else { "http" }),
     );
 }
 
-fn ip_header(ip: std::net::IpAddr) -> HeaderValue {
+/// An IP address as text, formatted on the stack: no allocation per request.
+struct IpText {
+    buf: [u8; 48],
+    len: usize,
+}
+
+impl IpText {
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
+fn ip_text(ip: std::net::IpAddr) -> IpText {
     use std::io::Write;
-    // Formats into a stack buffer: no String allocation per request.
     let mut buf = [0u8; 48];
     let mut cur = std::io::Cursor::new(&mut buf[..]);
     let _ = write!(cur, "{ip}");
-    let n = cur.position() as usize;
-    HeaderValue::from_bytes(&buf[..n]).expect("an IP address is a valid header value")
+    let len = cur.position() as usize;
+    IpText { buf, len }
 }
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -171,27 +216,27 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 /// Removes the headers that describe one connection rather than the message (RFC 9110 7.6.1),
 /// keeping `te: trailers`, which gRPC needs end to end. Headers that a `Connection` header
 /// names are removed too, except the fencing token, Host and Content-Length: a client must
-/// not be able to strip what the upstream relies on.
-pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, protect: &HeaderName) {
+/// not be able to strip what the upstream relies on. Requests and responses, both paths.
+pub(super) fn strip_hop_by_hop<F: FieldsMut>(h: &mut F, protect: &HeaderName) {
+    const HOP: [HeaderName; 8] = [
+        header::CONNECTION,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+        header::PROXY_AUTHENTICATE,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+    ];
     // Most messages carry none of these: one pass over the names is cheaper than eight
-    // hashed removals on the hot path.
-    let hop = |n: &HeaderName| {
-        n == header::CONNECTION
-            || n == header::TE
-            || n == header::TRANSFER_ENCODING
-            || n == header::UPGRADE
-            || n == header::PROXY_AUTHORIZATION
-            || n == header::PROXY_AUTHENTICATE
-            || n == KEEP_ALIVE
-            || n == PROXY_CONNECTION
-    };
-    if !h.keys().any(hop) {
+    // removals on the hot path.
+    if !h.names().any(|n| HOP.iter().any(|hop| same_name(n, hop))) {
         return;
     }
     // `Connection: keep-alive` (or `close`), what nearly every HTTP/1.1 message carries, names
     // no other header: no list to build.
-    let names_others = h.get_all(header::CONNECTION).iter().any(|v| {
-        v.as_bytes().split(|b| *b == b',').any(|t| {
+    let names_others = h.values(&header::CONNECTION).any(|v| {
+        v.split(|b| *b == b',').any(|t| {
             let t = t.trim_ascii();
             !t.is_empty()
                 && !t.eq_ignore_ascii_case(b"keep-alive")
@@ -201,16 +246,16 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, protect: &HeaderName) {
     let named: Vec<HeaderName> = if !names_others {
         Vec::new()
     } else {
-        h.get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
+        h.values(&header::CONNECTION)
+            .filter(|v| is_text(v))
+            .filter_map(|v| std::str::from_utf8(v).ok())
             .flat_map(|s| s.split(','))
             .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
             .collect()
     };
     for n in named {
         if n != header::TE && n != header::HOST && n != header::CONTENT_LENGTH && n != *protect {
-            h.remove(n);
+            h.remove(&n);
         }
     }
     for n in [
@@ -222,20 +267,21 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, protect: &HeaderName) {
         header::PROXY_AUTHORIZATION,
         header::PROXY_AUTHENTICATE,
     ] {
-        h.remove(n);
+        h.remove(&n);
     }
-    if let Some(te) = h.get(header::TE) {
-        let trailers = te.to_str().is_ok_and(|s| {
-            s.split(',').any(|p| {
-                p.split(';')
-                    .next()
-                    .is_some_and(|p| p.trim().eq_ignore_ascii_case("trailers"))
-            })
-        });
+    if let Some(te) = h.first(&header::TE) {
+        let trailers = is_text(te)
+            && std::str::from_utf8(te).is_ok_and(|s| {
+                s.split(',').any(|p| {
+                    p.split(';')
+                        .next()
+                        .is_some_and(|p| p.trim().eq_ignore_ascii_case("trailers"))
+                })
+            });
         if trailers {
-            h.insert(header::TE, HeaderValue::from_static("trailers"));
+            h.insert(&header::TE, NewValue::Static("trailers"));
         } else {
-            h.remove(header::TE);
+            h.remove(&header::TE);
         }
     }
 }
@@ -243,6 +289,7 @@ pub(super) fn strip_hop_by_hop(h: &mut HeaderMap, protect: &HeaderName) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::{HeaderMap, HeaderValue};
 
     #[test]
     fn hop_by_hop_headers_go_and_te_trailers_stays() {

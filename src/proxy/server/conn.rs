@@ -17,6 +17,7 @@
 //! A request is "in progress" from the moment hyper hands it to the service until its response
 //! body has ended or was dropped ([`Counted`]).
 
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -31,6 +32,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::wake::Gate;
 use super::Limits;
 use crate::metrics::ConnMetrics;
 
@@ -257,8 +259,7 @@ impl Watch {
     /// (that is at least `idle_timeout` after the busy spell ends).
     pub(super) async fn drive<C>(mut self, conn: C)
     where
-        C: std::future::Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>
-            + GracefulShutdown,
+        C: Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>> + GracefulShutdown,
     {
         tokio::pin!(conn);
         let first = self
@@ -269,16 +270,41 @@ impl Watch {
         tokio::pin!(timer);
         // Set once a graceful shutdown began: the connection is dropped at this instant.
         let mut hard_stop: Option<Instant> = None;
+        // The timer and the stop signal are polled with this flag's waker, and only when it
+        // was raised: the connection's own wake-ups do not poll them (see `wake`).
+        let gate = Gate::new();
         loop {
-            tokio::select! {
-                res = conn.as_mut() => {
+            gate.open(); // new or reset futures below: poll them once
+            let event = {
+                let changed = self.stopping.changed();
+                tokio::pin!(changed);
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(res) = conn.as_mut().poll(cx) {
+                        return Poll::Ready(Event::Ended(res));
+                    }
+                    // Both behind one gate: when either woke the task, both are polled.
+                    let watchdog = std::future::poll_fn(|wcx| {
+                        if hard_stop.is_none() {
+                            if let Poll::Ready(changed) = changed.as_mut().poll(wcx) {
+                                return Poll::Ready(Event::Stopping(changed.is_err()));
+                            }
+                        }
+                        timer.as_mut().poll(wcx).map(|()| Event::Timer)
+                    });
+                    tokio::pin!(watchdog);
+                    gate.poll(watchdog, cx)
+                })
+                .await
+            };
+            match event {
+                Event::Ended(res) => {
                     if let Err(e) = res {
                         tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
                     }
                     return;
                 }
-                changed = self.stopping.changed(), if hard_stop.is_none() => {
-                    if changed.is_err() || *self.stopping.borrow() {
+                Event::Stopping(closed) => {
+                    if closed || *self.stopping.borrow() {
                         conn.as_mut().shutdown_gracefully();
                         // The server's own grace period bounds this connection from here.
                         let at = Instant::now() + self.limits.grace;
@@ -286,7 +312,7 @@ impl Watch {
                         timer.as_mut().reset(at);
                     }
                 }
-                () = timer.as_mut() => {
+                Event::Timer => {
                     let now = Instant::now();
                     if hard_stop.is_some_and(|at| now >= at) {
                         return; // the graceful shutdown took too long
@@ -319,6 +345,16 @@ impl Watch {
             }
         }
     }
+}
+
+/// What ended one wait of [`Watch::drive`].
+enum Event {
+    /// The connection ended.
+    Ended(Result<(), Box<dyn std::error::Error + Send + Sync>>),
+    /// The server's stop signal changed (`true`: its sender is gone).
+    Stopping(bool),
+    /// The timer fired.
+    Timer,
 }
 
 /// A connection that can be asked to finish (hyper-util's `auto::Connection`).

@@ -96,11 +96,25 @@ impl Activity {
 
     /// Resolves once the connection is asked to finish.
     pub async fn stopped(&self) {
+        self.stop.stopped().await;
+    }
+
+    /// [`Activity::stopped`] as a future of its own, for a connection to keep across its idle
+    /// waits: its wake-up is registered once, not at every wait (a lock and a list insertion
+    /// and removal per request otherwise).
+    pub fn stop_signal(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let stop = Arc::clone(&self.stop);
+        async move { stop.stopped().await }
+    }
+}
+
+impl Stop {
+    async fn stopped(&self) {
         loop {
-            let n = self.stop.notify.notified();
+            let n = self.notify.notified();
             tokio::pin!(n);
             n.as_mut().enable();
-            if self.stopping() {
+            if self.requested.load(Ordering::SeqCst) {
                 return;
             }
             n.await;

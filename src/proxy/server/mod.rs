@@ -50,6 +50,7 @@ pub(crate) use write_through;
 mod conn;
 mod handoff;
 mod head;
+mod wake;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -7,13 +7,13 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::head::Head;
+use super::head::{Head, View};
 use super::response::{self, Read, ResponseHead};
 use super::upstream::{self, UpSock};
-use super::{write, After, Conn};
+use super::{upstream_head, write, After, Conn};
 use crate::proxy::pipeline::forward::error_chain;
 use crate::proxy::pipeline::note::{Logged, Note};
-use crate::proxy::pipeline::rewrite::{self, rewrite_head};
+use crate::proxy::pipeline::rewrite;
 use crate::proxy::pipeline::upstream::Upstream;
 use crate::proxy::pipeline::{Admitted, Proxy};
 use crate::reject::Rejection;
@@ -41,25 +41,23 @@ impl Conn {
     /// Serves the request whose head is `head` (at the start of the buffer).
     pub(super) async fn exchange(&mut self, proxy: &Proxy, head: Head) -> After {
         let started = Instant::now();
-        let Head {
-            len,
-            request,
-            body,
-            close,
-        } = head;
-        self.start += len;
+        let (at, body, close) = (self.start, head.body, head.close);
+        self.start += head.len;
+        let mut view = View::new(&head, &self.buf[at..], &mut self.fields);
         // Whatever the case, as routing: an upstream that takes `head` for HEAD sends no body.
-        let head_request = request.method().as_str().eq_ignore_ascii_case("HEAD");
+        let head_request = view.method.eq_ignore_ascii_case("HEAD");
         let mut plain = Note::default();
-        let mut logged = proxy
-            .access_log
-            .as_deref()
-            .map(|log| Logged::new(log, &request, self.peer.addr, started));
+        let mut logged = proxy.access_log.as_deref().map(|log| {
+            // Only with an access log: the line keeps the method and the target.
+            let method = http::Method::from_bytes(view.method.as_bytes()).unwrap_or_default();
+            let uri = http::Uri::try_from(view.target).unwrap_or_default();
+            Logged::new(log, (method, uri), self.peer.addr, started)
+        });
         let note = match &mut logged {
             Some(l) => &mut l.note,
             None => &mut plain,
         };
-        let admitted = match proxy.admit(&request, self.peer.addr, started, note).await {
+        let admitted = match proxy.admit(&view, self.peer.addr, started, note).await {
             Ok(a) => a,
             Err(refused) => {
                 let status = refused.status();
@@ -87,22 +85,18 @@ impl Conn {
             inflight,
             grpc,
         } = admitted;
-        let (mut parts, _) = request.into_parts();
-        rewrite_head(
-            &mut parts,
-            rewrite::Head {
-                route: &route.settings,
-                token_header: &proxy.header,
-                upstream,
-                rewritten_path: rewritten,
-                normalized_host,
-                peer: self.peer.addr,
-                close: close_upstream,
-                https: false,
-            },
-        );
+        let rules = rewrite::Head {
+            route: &route.settings,
+            token_header: &proxy.header,
+            upstream,
+            rewritten_path: None,
+            normalized_host,
+            peer: self.peer.addr,
+            close: close_upstream,
+            https: false,
+        };
         self.out.clear();
-        write::request_head(&mut self.out, &parts);
+        upstream_head::write(&mut self.out, &mut view, rewritten, &rules);
         // The drain ticket is held until the exchange is over: a newer owner's drain waits for
         // it, or aborts it. An abort drops the upstream socket (closing it) before the body
         // went out whole, so the upstream never sees the request's end.
@@ -113,6 +107,16 @@ impl Conn {
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
         // Atomic only to keep the future `Send`: one task reads and writes it.
         let delivered = AtomicBool::new(false);
+        // One wait for the abort over the whole exchange, the upstream's answer and the relay:
+        // its wake-up is registered once. `fired`: it completed (it is not polled again).
+        let abort = async {
+            match &aborted {
+                Some(generation) => generation.aborted().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(abort);
+        let mut fired = false;
         let limit = route.settings.response_timeout;
         let sent = {
             let sent = async {
@@ -131,16 +135,16 @@ impl Conn {
                 }
             };
             tokio::pin!(sent);
-            match &aborted {
-                None => Some(sent.await),
-                Some(generation) => match tokio::select! {
-                    biased;
-                    () = generation.aborted() => None,
-                    r = &mut sent => Some(r),
-                } {
-                    None if delivered.load(Relaxed) => Some(sent.await),
-                    r => r,
-                },
+            match tokio::select! {
+                biased;
+                () = &mut abort => None,
+                r = &mut sent => Some(r),
+            } {
+                None if delivered.load(Relaxed) => {
+                    fired = true;
+                    Some(sent.await)
+                }
+                r => r,
             }
         };
         let grpc2 = grpc.clone();
@@ -176,20 +180,22 @@ impl Conn {
         let relayed = {
             let relay = self.relay(proxy, answer, close_upstream, closing);
             tokio::pin!(relay);
-            match &aborted {
-                None => Some(relay.await),
-                Some(generation) => match tokio::select! {
+            let r = if fired {
+                None
+            } else {
+                tokio::select! {
                     biased;
-                    () = generation.aborted() => None,
+                    () = &mut abort => None,
                     r = &mut relay => Some(r),
-                } {
-                    // Went out whole and answered: the ticket goes back, the answer goes on.
-                    None if delivered => {
-                        drop(ticket.take());
-                        Some(relay.await)
-                    }
-                    r => r,
-                },
+                }
+            };
+            match r {
+                // Went out whole and answered: the ticket goes back, the answer goes on.
+                None if delivered => {
+                    drop(ticket.take());
+                    Some(relay.await)
+                }
+                r => r,
             }
         };
         drop(ticket);
@@ -285,6 +291,7 @@ impl Conn {
             out,
             scratch,
             ubuf,
+            fields,
             ..
         } = self;
         let (head, sent_whole) = {
@@ -314,7 +321,7 @@ impl Conn {
             };
             let download = async {
                 loop {
-                    match response::parse(ubuf, head_request) {
+                    match response::parse(ubuf, head_request, fields) {
                         Ok(Read::Final(h)) => return Ok(h),
                         Ok(Read::Informational(n)) => {
                             ubuf.drain(..n);

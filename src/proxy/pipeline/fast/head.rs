@@ -18,24 +18,21 @@
 //! obs-fold and whitespace between a header name and its colon are httparse errors in a
 //! request: those heads go to hyper, which answers 400 and closes.
 
-use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::ops::Range;
 
-use bytes::Bytes;
-use http::header::{HeaderName, HeaderValue};
-use http::{Method, Request, Uri, Version};
-use http_body::{Body, Frame, SizeHint};
+use http::Version;
+
+use super::fields::{FieldList, FieldStore};
+use super::target;
+use crate::proxy::pipeline::request::RequestView;
 
 /// hyper's own limit on request headers (its `DEFAULT_MAX_HEADERS`).
 pub(super) const MAX_HEADERS: usize = 100;
 
 /// hyper answers 414 above this URI length: such requests go to hyper.
-const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
+pub(super) const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
 
 /// What the bytes at the start of the buffer are.
-// Returned once per read and matched at once: boxing the head would cost an allocation per
-// request to save a move.
-#[allow(clippy::large_enum_variant)]
 pub(super) enum Parsed {
     /// Not a whole head yet.
     Partial,
@@ -43,49 +40,93 @@ pub(super) enum Parsed {
     HandOver,
     /// Refused with this status (400 or 431); the connection is closed after it.
     Refuse(http::StatusCode),
-    /// A request the fast path serves.
+    /// A request the fast path serves; its fields are in the store `parse` was given.
     Head(Head),
 }
 
-/// A request head the fast path serves.
+/// A request head the fast path serves: where its parts are in its bytes (the first `len`
+/// bytes of the buffer it was parsed from).
+#[derive(Debug, Clone)]
 pub(super) struct Head {
     /// Bytes of the head, request line to the empty line.
     pub(super) len: usize,
-    /// The request as hyper's path would see it (same method, URI, version and headers),
-    /// with a body that only knows its length.
-    pub(super) request: Request<Sized>,
+    pub(super) method: Range<usize>,
+    /// The target's path and query, without any fragment (as `http::Uri` keeps it).
+    pub(super) target: Range<usize>,
+    /// Where the target's path ends (at its `?`, or its end).
+    pub(super) path_end: usize,
     /// `Content-Length`, 0 without one.
     pub(super) body: u64,
     /// The client asked to close the connection after this request.
     pub(super) close: bool,
 }
 
-/// A request body that is only a length: what [`super::super::Proxy::admit`] reads of a body
-/// (its size hint, whether it is empty). The bytes themselves are relayed by the fast path.
-pub(super) struct Sized(pub(super) u64);
+/// A parsed head as the checks read it ([`RequestView`]), over its bytes and fields.
+pub(super) struct View<'a> {
+    pub(super) head: &'a Head,
+    pub(super) method: &'a str,
+    pub(super) path: &'a str,
+    /// The path and query the client sent.
+    pub(super) target: &'a str,
+    pub(super) fields: FieldList<'a>,
+}
 
-impl Body for Sized {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        _: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        Poll::Ready(None)
+impl<'a> View<'a> {
+    /// The view of `head`, parsed from `src` with its fields in `store`.
+    pub(super) fn new(head: &'a Head, src: &'a [u8], store: &'a mut FieldStore) -> Self {
+        let text = |r: Range<usize>| std::str::from_utf8(&src[r]).unwrap_or_default();
+        Self {
+            head,
+            // httparse checked both: a method is a token, a target visible ASCII or UTF-8.
+            method: text(head.method.clone()),
+            path: text(head.target.start..head.path_end),
+            target: text(head.target.clone()),
+            fields: store.list(&src[..head.len]),
+        }
     }
 
-    fn is_end_stream(&self) -> bool {
-        self.0 == 0
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.0)
+    /// The query, without its `?`.
+    pub(super) fn query(&self) -> Option<&'a str> {
+        let path = self.head.path_end - self.head.target.start;
+        self.target.get(path..).and_then(|q| q.strip_prefix('?'))
     }
 }
 
-/// Reads the head at the start of `buf` (`max`: `max_header_bytes`).
-pub(super) fn parse(buf: &[u8], max: usize) -> Parsed {
+impl<'a> RequestView for View<'a> {
+    type Fields = FieldList<'a>;
+
+    fn method(&self) -> &str {
+        self.method
+    }
+
+    fn path(&self) -> &str {
+        self.path
+    }
+
+    fn authority(&self) -> Option<&str> {
+        None // origin form only
+    }
+
+    fn version(&self) -> Version {
+        Version::HTTP_11
+    }
+
+    fn fields(&self) -> &FieldList<'a> {
+        &self.fields
+    }
+
+    fn body_ended(&self) -> bool {
+        self.head.body == 0
+    }
+
+    fn body_length(&self) -> Option<u64> {
+        Some(self.head.body)
+    }
+}
+
+/// Reads the head at the start of `buf` (`max`: `max_header_bytes`); a head the fast path
+/// serves has its fields put in `store`.
+pub(super) fn parse(buf: &[u8], max: usize, store: &mut FieldStore) -> Parsed {
     // The HTTP/2 preface (`PRI * HTTP/2.0`): hyper serves h2c.
     if buf.len() < 4 && b"PRI ".starts_with(buf) {
         return Parsed::Partial;
@@ -115,8 +156,11 @@ pub(super) fn parse(buf: &[u8], max: usize) -> Parsed {
     if bare_lf(&buf[..len]) {
         return Parsed::Refuse(http::StatusCode::BAD_REQUEST);
     }
-    match judge(&req, len) {
-        Ok(Some(head)) => Parsed::Head(head),
+    match judge(&req, &buf[..len]) {
+        Ok(Some(head)) => {
+            store.fill(&buf[..len], req.headers);
+            Parsed::Head(head)
+        }
         Ok(None) => Parsed::HandOver,
         Err(()) => Parsed::Refuse(http::StatusCode::BAD_REQUEST),
     }
@@ -129,62 +173,66 @@ fn bare_lf(head: &[u8]) -> bool {
         .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
-/// `Ok(None)`: for hyper; `Err`: refused with 400.
-fn judge(req: &httparse::Request<'_, '_>, len: usize) -> Result<Option<Head>, ()> {
+/// `Ok(None)`: for hyper; `Err`: refused with 400. `src`: the head's bytes, which `req` was
+/// parsed from.
+fn judge(req: &httparse::Request<'_, '_>, src: &[u8]) -> Result<Option<Head>, ()> {
     if req.version != Some(1) {
         return Ok(None);
     }
     let (Some(method), Some(path)) = (req.method, req.path) else {
         return Ok(None);
     };
-    let Ok(method) = Method::from_bytes(method.as_bytes()) else {
-        return Ok(None);
-    };
-    if method == Method::CONNECT || !path.starts_with('/') || path.len() > MAX_URI_LEN {
+    // httparse takes only token bytes in a method, which `http::Method` takes too.
+    if method == "CONNECT" || !path.starts_with('/') || path.len() > MAX_URI_LEN {
         return Ok(None);
     }
-    let Ok(uri) = Uri::try_from(path) else {
+    let Some(t) = target::parse(path) else {
         return Ok(None);
     };
-    let mut map = http::HeaderMap::with_capacity(req.headers.len());
     let mut length: Option<u64> = None;
     let mut chunked = false;
     let mut close = false;
     for h in req.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| ())?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| ())?;
-        match name {
-            http::header::CONTENT_LENGTH => {
-                if length.is_some() {
-                    return Err(()); // duplicate, even when equal: refused, never guessed
-                }
-                length = Some(content_length(h.value).ok_or(())?);
-            }
-            http::header::TRANSFER_ENCODING => chunked = true,
-            http::header::UPGRADE | http::header::EXPECT => return Ok(None),
-            http::header::CONNECTION => close |= says_close(h.value),
-            _ => {}
+        // httparse takes only token bytes in a name and no control bytes in a value, as
+        // `HeaderName` and `HeaderValue` do; a name longer than `HeaderName`'s limit would
+        // be refused by hyper.
+        if h.name.len() > MAX_NAME_LEN {
+            return Err(());
         }
-        map.append(name, value);
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            if length.is_some() {
+                return Err(()); // duplicate, even when equal: refused, never guessed
+            }
+            length = Some(content_length(h.value).ok_or(())?);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            chunked = true;
+        } else if name.eq_ignore_ascii_case(b"upgrade") || name.eq_ignore_ascii_case(b"expect") {
+            return Ok(None);
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            close |= says_close(h.value);
+        }
     }
     match (chunked, length) {
         (true, Some(_)) => return Err(()),
         (true, None) => return Ok(None),
         _ => {}
     }
-    let body = length.unwrap_or(0);
-    let mut request = Request::new(Sized(body));
-    *request.method_mut() = method;
-    *request.uri_mut() = uri;
-    *request.version_mut() = Version::HTTP_11;
-    *request.headers_mut() = map;
+    let at = |s: &str| (s.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize);
+    let method_at = at(method);
+    let target_at = at(path);
     Ok(Some(Head {
-        len,
-        request,
-        body,
+        len: src.len(),
+        method: method_at..method_at + method.len(),
+        target: target_at..target_at + t.end,
+        path_end: target_at + t.path_end,
+        body: length.unwrap_or(0),
         close,
     }))
 }
+
+/// `HeaderName`'s limit on a name's length.
+const MAX_NAME_LEN: usize = (1 << 16) - 1;
 
 /// Whether a `Connection` value lists `close` (in a request or a response head).
 pub(super) fn says_close(value: &[u8]) -> bool {
@@ -209,7 +257,7 @@ mod tests {
     use super::*;
 
     fn status(raw: &str) -> Option<u16> {
-        match parse(raw.as_bytes(), 64 * 1024) {
+        match parse(raw.as_bytes(), 64 * 1024, &mut FieldStore::default()) {
             Parsed::Refuse(s) => Some(s.as_u16()),
             Parsed::Head(_) => Some(0),
             Parsed::HandOver => Some(1),

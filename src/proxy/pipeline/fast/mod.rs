@@ -4,9 +4,10 @@
 //! dispatcher and client, not to the guard. Here one task reads the client's request head with
 //! httparse into a buffer reused for the connection's life, judges it with exactly the code
 //! hyper's path uses ([`Proxy::admit`]: path, host, route, method rules, GET bodies,
-//! `max_body_bytes`, the fence), writes the head rewritten by the same [`rewrite_head`] to the
-//! connection's own upstream socket, relays the `Content-Length` body, then the response by
-//! its framing.
+//! `max_body_bytes`, the fence), writes the head rewritten by the same rules as hyper's path
+//! (`rewrite_head`'s, see [`upstream_head`]) to the connection's own upstream socket, relays
+//! the `Content-Length` body, then the response by its framing. Heads are read and written as
+//! byte ranges of the buffers ([`fields`]): no `http` map, name, value or URI per request.
 //!
 //! Which connections and requests it takes (`[proxy] http1_fast_path`):
 //! - plain-TCP connections of the proxy listener only (TLS ones and the admin listener stay
@@ -21,19 +22,25 @@
 //!   one's response has been relayed whole.
 
 mod exchange;
+mod fields;
 mod head;
 mod relay;
 mod response;
+mod target;
 mod upstream;
+mod upstream_head;
 mod write;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use self::head::Parsed;
+use self::fields::FieldStore;
+use self::head::{Parsed, View};
 use self::upstream::UpSock;
 use super::{Affinity, Proxy, Routed};
 use crate::config::Protocol;
@@ -49,6 +56,7 @@ const READ_SIZE: usize = 4 * 1024;
 pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
     Box::pin(async move {
         Conn {
+            stop: Some(Box::pin(conn.activity.stop_signal())),
             client: conn.stream,
             peer: conn.peer,
             activity: conn.activity,
@@ -59,6 +67,7 @@ pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> 
             ubuf: Vec::new(),
             out: Vec::new(),
             scratch: Vec::new(),
+            fields: FieldStore::default(),
         }
         .run(&current)
         .await
@@ -94,6 +103,11 @@ struct Conn {
     out: Vec<u8>,
     /// Request body bytes on their way from the client to the upstream.
     scratch: Vec<u8>,
+    /// The fields of the head being served (the request's, then the response's).
+    fields: FieldStore,
+    /// Resolves when the connection is asked to finish; kept (and its wake-up registered)
+    /// across idle waits. `None` once it resolved.
+    stop: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 /// Whether the client connection stays open after an exchange.
@@ -108,7 +122,7 @@ impl Conn {
     async fn run(mut self, current: &ArcSwap<Proxy>) -> Option<Handoff> {
         loop {
             let head = loop {
-                match head::parse(&self.buf[self.start..], self.max_head) {
+                match head::parse(&self.buf[self.start..], self.max_head, &mut self.fields) {
                     Parsed::Head(h) => break h,
                     Parsed::HandOver => return Some(self.handoff()),
                     Parsed::Refuse(status) => {
@@ -125,7 +139,9 @@ impl Conn {
             // The one load per request, as on hyper's path: the request keeps this
             // configuration to its end.
             let proxy = current.load_full();
-            if !proxy.fast_takes(&head.request) {
+            if !proxy.all_fast
+                && !proxy.fast_takes(&View::new(&head, &self.buf[self.start..], &mut self.fields))
+            {
                 return Some(self.handoff());
             }
             let busy = self.activity.request_started();
@@ -148,9 +164,15 @@ impl Conn {
             if self.activity.stopping() {
                 return false;
             }
+            let Some(stop) = &mut self.stop else {
+                return false;
+            };
             tokio::select! {
                 biased;
-                () = self.activity.stopped() => false,
+                () = stop.as_mut() => {
+                    self.stop = None;
+                    false
+                }
                 r = self.client.read_buf(&mut self.buf) => matches!(r, Ok(n) if n > 0),
             }
         } else {
@@ -196,11 +218,9 @@ impl Proxy {
     /// Whether the fast path serves `req` (whose head [`head`] accepted): it does unless it
     /// would be routed to a WebSocket route or an upstream that is not plain HTTP/1.1. A
     /// request that will be refused is served too: the refusal is the same code.
-    fn fast_takes<B>(&self, req: &http::Request<B>) -> bool {
-        if self.all_fast {
-            return true;
-        }
-        let Ok(normal) = crate::path::normalize(req.uri().path()) else {
+    fn fast_takes(&self, req: &View<'_>) -> bool {
+        use super::request::RequestView;
+        let Ok(normal) = crate::path::normalize(req.path()) else {
             return true;
         };
         let Ok(host) = super::request::request_host(req) else {

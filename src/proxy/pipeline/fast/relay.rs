@@ -7,6 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::exchange::{Answer, BODY_CHUNK};
 use super::response::{Chunks, Framing, ResponseHead};
 use super::{write, After, Conn};
+use crate::proxy::pipeline::fields::{Fields, FieldsMut};
 use crate::proxy::pipeline::rewrite::strip_hop_by_hop;
 use crate::proxy::pipeline::Proxy;
 
@@ -33,27 +34,31 @@ impl Conn {
             len,
             status,
             reason,
-            mut headers,
             framing,
             close,
         } = head;
+        let Conn {
+            client,
+            out,
+            ubuf,
+            fields,
+            ..
+        } = self;
+        let mut headers = fields.list(&ubuf[..len]);
         strip_hop_by_hop(&mut headers, &proxy.header);
         // A 204 has no body and must not say otherwise (RFC 9110 8.6): a hop that honoured an
         // upstream's stray Content-Length would read the next response as this one's body.
         // hyper's server drops it too.
         if status == http::StatusCode::NO_CONTENT {
-            headers.remove(http::header::CONTENT_LENGTH);
+            headers.remove(&http::header::CONTENT_LENGTH);
         }
-        let Conn {
-            client, out, ubuf, ..
-        } = self;
         out.clear();
         out.extend_from_slice(b"HTTP/1.1 ");
         out.extend_from_slice(status.as_str().as_bytes());
         out.push(b' ');
-        out.extend_from_slice(&reason);
+        out.extend_from_slice(&ubuf[reason]);
         out.extend_from_slice(b"\r\n");
-        write::headers(out, &headers);
+        headers.write(out);
         // The client learns where a close-delimited body ends from the connection's close.
         // hyper's server says `connection: close` where it will close, after the headers.
         if closing || framing == Framing::Close || !sent_whole {
@@ -62,7 +67,7 @@ impl Conn {
         if framing == Framing::Chunked {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
         }
-        if !headers.contains_key(http::header::DATE) {
+        if !headers.contains(&http::header::DATE) {
             write::date(out);
         }
         out.extend_from_slice(b"\r\n");

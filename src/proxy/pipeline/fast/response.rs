@@ -8,9 +8,11 @@
 //! `Transfer-Encoding` with `Content-Length`, more than one `Content-Length`, a malformed one,
 //! a 101 (the fast path never asks for an upgrade), and chunk sizes that are not plain hex.
 
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use std::ops::Range;
+
 use http::StatusCode;
 
+use super::fields::FieldStore;
 use super::head::{content_length, says_close, MAX_HEADERS};
 
 /// A response head is refused above this size (hyper's client reads up to ~400 KiB).
@@ -29,14 +31,14 @@ pub(super) enum Framing {
     Close,
 }
 
-/// A parsed final response head.
+/// A parsed final response head; its fields are in the store `parse` was given.
 pub(super) struct ResponseHead {
     /// Bytes of the head in the buffer.
     pub(super) len: usize,
     pub(super) status: StatusCode,
-    /// The status line's reason phrase, kept as the upstream sent it (as hyper's path does).
-    pub(super) reason: Vec<u8>,
-    pub(super) headers: HeaderMap,
+    /// Where the status line's reason phrase is in the head, kept as the upstream sent it (as
+    /// hyper's path does).
+    pub(super) reason: Range<usize>,
     pub(super) framing: Framing,
     /// The upstream asked to close its connection after this response.
     pub(super) close: bool,
@@ -56,8 +58,13 @@ pub(super) enum Read {
 #[error("invalid response from the upstream: {0}")]
 pub(super) struct Invalid(pub(super) &'static str);
 
-/// Parses the response head at the start of `buf`; `head_request`: the request was HEAD.
-pub(super) fn parse(buf: &[u8], head_request: bool) -> Result<Read, Invalid> {
+/// Parses the response head at the start of `buf`; `head_request`: the request was HEAD. A
+/// final head's fields are put in `store`.
+pub(super) fn parse(
+    buf: &[u8],
+    head_request: bool,
+    store: &mut FieldStore,
+) -> Result<Read, Invalid> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
     let len = match resp.parse(buf) {
@@ -86,28 +93,27 @@ pub(super) fn parse(buf: &[u8], head_request: bool) -> Result<Read, Invalid> {
     if status.is_informational() {
         return Ok(Read::Informational(len));
     }
-    let mut map = HeaderMap::with_capacity(resp.headers.len());
     let (mut length, mut chunked, mut close) = (None, false, http10);
     for h in resp.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Invalid("header"))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| Invalid("header value"))?;
-        match name {
-            http::header::CONTENT_LENGTH => {
-                if length.is_some() {
-                    return Err(Invalid("more than one Content-Length"));
-                }
-                length = Some(content_length(h.value).ok_or(Invalid("bad Content-Length"))?);
-            }
-            http::header::TRANSFER_ENCODING => {
-                if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
-                    return Err(Invalid("Transfer-Encoding other than chunked"));
-                }
-                chunked = true;
-            }
-            http::header::CONNECTION => close |= says_close(h.value),
-            _ => {}
+        // httparse takes only token bytes in a name and no control bytes in a value, as
+        // `HeaderName` and `HeaderValue` (hyper's client) do, up to a name's length limit.
+        if h.name.len() >= 1 << 16 {
+            return Err(Invalid("header"));
         }
-        map.append(name, value);
+        let name = h.name.as_bytes();
+        if name.eq_ignore_ascii_case(b"content-length") {
+            if length.is_some() {
+                return Err(Invalid("more than one Content-Length"));
+            }
+            length = Some(content_length(h.value).ok_or(Invalid("bad Content-Length"))?);
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            if chunked || !h.value.trim_ascii().eq_ignore_ascii_case(b"chunked") {
+                return Err(Invalid("Transfer-Encoding other than chunked"));
+            }
+            chunked = true;
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            close |= says_close(h.value);
+        }
     }
     if chunked && length.is_some() {
         return Err(Invalid("both Content-Length and Transfer-Encoding"));
@@ -124,11 +130,18 @@ pub(super) fn parse(buf: &[u8], head_request: bool) -> Result<Read, Invalid> {
                 None => Framing::Close,
             }
         };
+    let reason = match resp.reason {
+        Some(r) => {
+            let at = (r.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+            at..at + r.len()
+        }
+        None => 0..0,
+    };
+    store.fill(&buf[..len], resp.headers);
     Ok(Read::Final(ResponseHead {
         len,
         status,
-        reason: resp.reason.unwrap_or("").as_bytes().to_vec(),
-        headers: map,
+        reason,
         framing,
         close,
     }))
@@ -329,12 +342,13 @@ mod tests {
 
     #[test]
     fn response_framing() {
-        let f = |raw: &str, head: bool| match parse(raw.as_bytes(), head) {
-            Ok(Read::Final(h)) => Ok(h.framing),
-            Ok(Read::Informational(n)) => Ok(Framing::Length(n as u64 + 1_000_000)),
-            Ok(Read::Partial) => Err("partial"),
-            Err(e) => Err(e.0),
-        };
+        let f =
+            |raw: &str, head: bool| match parse(raw.as_bytes(), head, &mut FieldStore::default()) {
+                Ok(Read::Final(h)) => Ok(h.framing),
+                Ok(Read::Informational(n)) => Ok(Framing::Length(n as u64 + 1_000_000)),
+                Ok(Read::Partial) => Err("partial"),
+                Err(e) => Err(e.0),
+            };
         assert_eq!(
             f("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n", false),
             Ok(Framing::Length(2))

@@ -10,17 +10,6 @@ use http::{Response, StatusCode};
 use http_body::Body;
 use http_body_util::Full;
 
-/// `METHOD path HTTP/1.1`, the headers and the empty line.
-pub(super) fn request_head(out: &mut Vec<u8>, parts: &http::request::Parts) {
-    out.extend_from_slice(parts.method.as_str().as_bytes());
-    out.push(b' ');
-    let target = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    headers(out, &parts.headers);
-    out.extend_from_slice(b"\r\n");
-}
-
 /// Each header as `name: value` (names are lower case, as hyper writes them).
 pub(super) fn headers(out: &mut Vec<u8>, h: &HeaderMap) {
     for (name, value) in h {
