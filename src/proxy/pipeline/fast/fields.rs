@@ -245,3 +245,72 @@ impl FieldsMut for FieldList<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use http::header::{HeaderMap, HeaderValue};
+
+    use super::*;
+    use crate::proxy::pipeline::rewrite::strip_hop_by_hop;
+
+    /// Each field as `name: value` in `HeaderMap` order, as the fast path wrote heads before
+    /// it had its own list.
+    fn by_map(h: &HeaderMap) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (name, value) in h {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        out
+    }
+
+    /// Response heads relayed to the client: the same bytes as through a `HeaderMap`.
+    #[test]
+    fn a_response_head_is_edited_and_written_as_through_a_header_map() {
+        let token = HeaderName::from_static("x-fencing-token");
+        let heads = [
+            "HTTP/1.1 200 OK\r\nServer: nginx\r\nDate: x\r\nContent-Type: text/plain\r\nContent-Length: 3\r\nConnection: keep-alive\r\n\r\n",
+            "HTTP/1.1 204 No Content\r\nSet-Cookie: a=1\r\nX: 1\r\nset-cookie: b=2\r\nContent-Length: 0\r\nKeep-Alive: timeout=5\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nConnection: x-drop, close\r\nX-Drop: 1\r\nTE: trailers;q=1\r\nUpgrade: h2c\r\nx-a: 1\r\nProxy-Authenticate: y\r\nx-b: 2\r\n\r\n",
+            "HTTP/1.1 200 OK\r\nte: deflate\r\nx-fencing-token: 4\r\nconnection: x-fencing-token\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ];
+        for raw in heads {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            let len = match resp.parse(raw.as_bytes()).unwrap() {
+                httparse::Status::Complete(n) => n,
+                httparse::Status::Partial => panic!("{raw:?}"),
+            };
+            let no_content = resp.code == Some(204);
+            let mut map = HeaderMap::new();
+            for h in resp.headers.iter() {
+                map.append(
+                    HeaderName::from_bytes(h.name.as_bytes()).unwrap(),
+                    HeaderValue::from_bytes(h.value).unwrap(),
+                );
+            }
+            strip_hop_by_hop(&mut map, &token);
+            let mut store = FieldStore::default();
+            store.fill(&raw.as_bytes()[..len], resp.headers);
+            let mut list = store.list(&raw.as_bytes()[..len]);
+            strip_hop_by_hop(&mut list, &token);
+            if no_content {
+                map.remove(http::header::CONTENT_LENGTH);
+                FieldsMut::remove(&mut list, &http::header::CONTENT_LENGTH);
+            }
+            let mut got = Vec::new();
+            list.write(&mut got);
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                String::from_utf8_lossy(&by_map(&map)),
+                "{raw:?}"
+            );
+            assert_eq!(
+                list.contains(&http::header::DATE),
+                map.contains_key(http::header::DATE)
+            );
+        }
+    }
+}
