@@ -80,6 +80,7 @@ fn canned(path: &str) -> (&'static str, bool) {
             "HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok",
             false,
         ),
+        "/no-reason" => ("HTTP/1.1 404\r\ncontent-length: 2\r\n\r\nok", false),
         "/hop" => (
             "HTTP/1.1 200 OK\r\nconnection: x-secret\r\nx-secret: 1\r\nkeep-alive: timeout=5\r\ncontent-length: 2\r\n\r\nok",
             false,
@@ -215,6 +216,8 @@ async fn ambiguous_request_framing_is_refused_with_400_and_the_connection_closed
         // A second request after it: never served, the connection is closed after the 400.
         let text = raw(e.proxy.addr, format!("{head}GET /after HTTP/1.1\r\nhost: a\r\n\r\n").as_bytes()).await;
         assert_eq!(statuses(&text), [400], "{what}: {text}");
+        // It says so, as hyper does.
+        assert!(text.contains("\r\nconnection: close\r\n"), "{what}: {text}");
     }
     assert!(
         e.upstream.lock().unwrap().is_empty(),
@@ -381,5 +384,39 @@ async fn refusals_are_the_same_bytes_on_both_paths() {
         let a = raw(fast.proxy.addr, req.as_bytes()).await;
         let b = raw(hyper.proxy.addr, req.as_bytes()).await;
         assert_eq!(without_date(&a), without_date(&b), "{req}");
+    }
+}
+
+/// Methods are case-sensitive (RFC 9110 9.1): an upstream may answer `head` with a body, which
+/// must be relayed with its response, not left on the upstream connection to be read as the
+/// next request's response (the fast path framed any-case `head` as bodiless; found by an
+/// outside attack).
+#[tokio::test]
+async fn a_lowercase_head_is_relayed_with_its_body() {
+    for fast in [true, false] {
+        let e = env(fast).await;
+        let text = raw(
+            e.proxy.addr,
+            b"head /x HTTP/1.1\r\nhost: a\r\n\r\nGET /y HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(statuses(&text), [200, 200], "fast {fast}: {text}");
+        assert_eq!(text.matches("hello").count(), 2, "fast {fast}: {text}");
+    }
+}
+
+/// A status line without a reason phrase (httparse gives its empty reason as a string of its
+/// own) is relayed; the fast path panicked on it and reset the client.
+#[tokio::test]
+async fn a_status_line_without_a_reason_phrase_is_relayed() {
+    for fast in [true, false] {
+        let e = env(fast).await;
+        let text = raw(
+            e.proxy.addr,
+            b"GET /no-reason HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert_eq!(statuses(&text), [404], "fast {fast}: {text}");
+        assert!(text.ends_with("\r\n\r\nok"), "fast {fast}: {text}");
     }
 }

@@ -44,8 +44,10 @@ impl Conn {
         let (at, body, close) = (self.start, head.body, head.close);
         self.start += head.len;
         let mut view = View::new(&head, &self.buf[at..], &mut self.fields);
-        // Whatever the case, as routing: an upstream that takes `head` for HEAD sends no body.
-        let head_request = view.method.eq_ignore_ascii_case("HEAD");
+        // Exactly `HEAD`, as hyper frames it: methods are case-sensitive (RFC 9110 9.1), and
+        // an upstream that follows that answers `head` with a body, which must be relayed, not
+        // left on the connection to be read as the next request's response.
+        let head_request = view.method == "HEAD";
         let mut plain = Note::default();
         let mut logged = proxy.access_log.as_deref().map(|log| {
             // Only with an access log: the line keeps the method and the target.

@@ -130,13 +130,15 @@ pub(super) fn parse(
                 None => Framing::Close,
             }
         };
-    let reason = match resp.reason {
-        Some(r) => {
-            let at = (r.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
-            at..at + r.len()
-        }
-        None => 0..0,
-    };
+    // httparse gives an empty reason (a missing one, or one that is not UTF-8) as a string of
+    // its own, not a slice of `buf`: only a slice that lies inside the head is a range of it.
+    let reason = resp
+        .reason
+        .and_then(|r| {
+            let at = (r.as_ptr() as usize).checked_sub(buf.as_ptr() as usize)?;
+            (!r.is_empty() && at + r.len() <= len).then_some(at..at + r.len())
+        })
+        .unwrap_or(0..0);
     store.fill(&buf[..len], resp.headers);
     Ok(Read::Final(ResponseHead {
         len,

@@ -72,7 +72,8 @@ pub(super) fn refusal(
 /// The answer hyper's server gives a head it cannot parse (400) or that is too large (431).
 pub(super) fn automatic(out: &mut Vec<u8>, status: StatusCode) {
     status_line(out, status);
-    out.extend_from_slice(b"content-length: 0\r\n");
+    // The connection is closed after it, and hyper says so.
+    out.extend_from_slice(b"content-length: 0\r\nconnection: close\r\n");
     date(out);
     out.extend_from_slice(b"\r\n");
 }
