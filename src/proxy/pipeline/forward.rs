@@ -92,9 +92,6 @@ pub(super) async fn forward(
                 r.map(|resp| (resp, None))
                     .map_err(|e| Rejection::UpstreamFailed(error_chain(&e)))
             };
-            if abort.is_none() {
-                return Forwarded::Answered(call.await);
-            }
             match abortable(call, abort).await {
                 Some(r) => Forwarded::Answered(r),
                 None => {
