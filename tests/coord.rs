@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use palisade::provider::etcd::EtcdProvider;
 use palisade::{
     ElectionService, Error, LockService, Loss, MemoryProvider, Mode, Observation, Provider,
-    RwLockService, Session, SessionOptions, SessionState,
+    RwLockService, SemaphoreService, Session, SessionOptions, SessionState,
 };
 
 const NS: &str = "/t";
@@ -616,6 +616,56 @@ mod suite {
         assert!(t > held);
     }
 
+    /// CI once saw `lock` fail with "register: transport error" when the waiter's connection
+    /// broke while its entry was being written: a blocking acquisition rides out a short
+    /// outage at every step, entering the queue included.
+    pub(crate) async fn an_acquisition_begun_during_a_short_outage_waits_for_the_store(fx: &Fx) {
+        let holder = fx.session().await;
+        let g = holder.lock("o").await.unwrap();
+        let (waiter, cutter) = fx.cuttable().await;
+        cutter.cut();
+        let w = waiter.clone();
+        let lock = tokio::spawn(async move { w.lock("o").await.map(|g| (g.token(), g)) });
+        let w = waiter.clone();
+        let read = tokio::spawn(async move { w.read_lock("o").await.map(|g| g.token()) });
+        let w = waiter.clone();
+        let permit = tokio::spawn(async move { w.acquire("o", 2).await.map(|p| p.token()) });
+        let campaign = tokio::spawn(async move { waiter.campaign("o", "v").await });
+        tokio::time::sleep(TTL / 4).await;
+        assert!(!permit.is_finished(), "the semaphore waits for the store");
+        assert!(
+            !lock.is_finished(),
+            "the lock waits for the store instead of failing"
+        );
+        assert!(!read.is_finished(), "the read lock waits for the store");
+        assert!(!campaign.is_finished(), "the campaign waits for the store");
+        cutter.heal();
+        tokio::time::timeout(TTL * 2, read)
+            .await
+            .expect("the read lock ends")
+            .unwrap()
+            .expect("the read lock is taken once the store is back");
+        tokio::time::timeout(TTL * 2, permit)
+            .await
+            .expect("the acquire ends")
+            .unwrap()
+            .expect("a permit is taken once the store is back");
+        let leader = tokio::time::timeout(TTL * 2, campaign)
+            .await
+            .expect("the campaign ends")
+            .unwrap()
+            .expect("the campaign wins once the store is back");
+        let held = g.token();
+        g.unlock().await.unwrap();
+        let (t, _g) = tokio::time::timeout(TTL * 2, lock)
+            .await
+            .expect("the waiter acquires")
+            .unwrap()
+            .unwrap();
+        assert!(t > held);
+        assert!(leader.token() > held);
+    }
+
     pub(crate) async fn a_session_resumes_its_lease_but_not_a_revoked_one(fx: &Fx) {
         let first = fx.session().await;
         let id = first.lease_id();
@@ -754,6 +804,7 @@ both_providers!(
     a_candidate_whose_session_expires_never_leads,
     lead_cancels_the_work_when_leadership_is_lost,
     a_waiter_survives_a_short_disconnect,
+    an_acquisition_begun_during_a_short_outage_waits_for_the_store,
     a_session_resumes_its_lease_but_not_a_revoked_one,
     a_deleted_entry_fires_the_grants_loss_signal_but_a_release_does_not,
     a_re_campaign_never_shows_the_ended_term_with_the_new_value,

@@ -55,6 +55,36 @@ async fn txn(session: &Session, op: &'static str, t: Txn) -> Result<TxnResponse,
     session.backend().txn(t).await.map_err(Error::store(op))
 }
 
+/// Sends the transaction `make` builds until the store answers, while the session's lease may
+/// still be alive: a blocking acquisition rides out a short outage (a dropped connection, an
+/// etcd leader change) instead of failing in the middle of its wait. Only for transactions
+/// that are safe to repeat when an answer was lost: entering the queue (the key names the
+/// session, so a repeat adopts the first put), reading, and confirming (a repeat only takes a
+/// higher token, conditioned on our entry as the first was).
+pub(crate) async fn txn_riding_out(
+    session: &Session,
+    op: &'static str,
+    make: impl Fn() -> Txn,
+) -> Result<TxnResponse, Error> {
+    let mut loss = session.loss_signal();
+    loop {
+        session.ensure_alive()?;
+        match session.backend().txn(make()).await {
+            Ok(r) => return Ok(r),
+            Err(e) if e.is_transient() => {
+                tokio::select! {
+                    () = tokio::time::sleep(RETRY_PAUSE) => {}
+                    _ = loss.wait() => return Err(lost_error(session)),
+                }
+            }
+            Err(e) => return Err(Error::store(op)(e)),
+        }
+    }
+}
+
+/// How long a blocking acquisition waits before asking an unreachable store again.
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// Takes `p` exclusively if its queue is empty, in one transaction: put our entry and bump the
 /// epoch to `epoch_prefix` + our key, or write nothing at all. Used by `try_lock` and
 /// `try_write_lock`.
@@ -145,19 +175,15 @@ impl Pending {
     /// Puts the entry into the queue (or adopts this session's existing one) with `value`.
     pub(crate) async fn register(&mut self, value: &[u8]) -> Result<(), Error> {
         let key = self.key.clone();
-        let r = txn(
-            &self.session,
-            "register",
-            Txn {
-                when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
-                then: vec![Op::Put {
-                    key: key.clone(),
-                    value: value.to_vec(),
-                    lease: self.session.lease(),
-                }],
-                otherwise: vec![Op::get(key.clone())],
-            },
-        )
+        let r = txn_riding_out(&self.session, "register", || Txn {
+            when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
+            then: vec![Op::Put {
+                key: key.clone(),
+                value: value.to_vec(),
+                lease: self.session.lease(),
+            }],
+            otherwise: vec![Op::get(key.clone())],
+        })
         .await?;
         let create_revision = if r.succeeded {
             r.revision
@@ -203,8 +229,7 @@ impl Pending {
         let me = self.incarnation().clone();
         let mut loss = self.session.loss_signal();
         loop {
-            self.session.ensure_alive()?;
-            let read = self.session.backend().txn(Txn {
+            let r = txn_riding_out(&self.session, "read queue", || Txn {
                 when: vec![],
                 then: vec![
                     Op::get(me.key.clone()),
@@ -216,19 +241,8 @@ impl Pending {
                     },
                 ],
                 otherwise: vec![],
-            });
-            let r = match read.await {
-                Ok(r) => r,
-                // The store is unreachable: keep waiting while the lease may still be alive;
-                // the loss signal ends the wait once it cannot be.
-                Err(e) if e.is_transient() => {
-                    tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                        _ = loss.wait() => return Err(lost_error(&self.session)),
-                    }
-                }
-                Err(e) => return Err(Error::store("read queue")(e)),
-            };
+            })
+            .await?;
             if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
                 // Our entry is gone: the lease expired or was revoked (or someone deleted it).
                 self.session.confirm_lease().await;
@@ -257,7 +271,7 @@ impl Pending {
                 Ok(ev) => ev,
                 Err(e) if e.is_transient() => {
                     tokio::select! {
-                        _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                        () = tokio::time::sleep(RETRY_PAUSE) => continue,
                         _ = loss.wait() => return Err(lost_error(&self.session)),
                     }
                 }
@@ -287,22 +301,18 @@ impl Pending {
         epoch_value: &[u8],
     ) -> Result<FencingToken, Error> {
         let me = self.incarnation();
-        let r = txn(
-            &self.session,
-            "confirm ownership",
-            Txn {
-                when: vec![Compare::CreateRevisionEq(
-                    KeyRange::key(me.key.clone()),
-                    me.create_revision,
-                )],
-                then: vec![Op::Put {
-                    key: p.epoch(),
-                    value: epoch_value.to_vec(),
-                    lease: 0,
-                }],
-                otherwise: vec![],
-            },
-        )
+        let r = txn_riding_out(&self.session, "confirm ownership", || Txn {
+            when: vec![Compare::CreateRevisionEq(
+                KeyRange::key(me.key.clone()),
+                me.create_revision,
+            )],
+            then: vec![Op::Put {
+                key: p.epoch(),
+                value: epoch_value.to_vec(),
+                lease: 0,
+            }],
+            otherwise: vec![],
+        })
         .await?;
         if !r.succeeded {
             self.session.confirm_lease().await;

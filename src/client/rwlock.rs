@@ -14,7 +14,7 @@ use std::future::Future;
 
 use crate::error::Error;
 use crate::provider::{Compare, KeyRange, Op, Txn, TxnResponse};
-use crate::queue::{token, try_exclusive, Grant, Pending, Primitive};
+use crate::queue::{token, try_exclusive, txn_riding_out, Grant, Pending, Primitive};
 use crate::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
@@ -170,18 +170,16 @@ impl RwLockService for Session {
             .wait_turn(&p, |kv| kv.key.starts_with(&writer_prefix))
             .await?;
         let me = pending.incarnation().clone();
-        let r = self
-            .backend()
-            .txn(Txn {
-                when: vec![Compare::CreateRevisionEq(
-                    KeyRange::key(me.key.clone()),
-                    me.create_revision,
-                )],
-                then: vec![Op::Txn(read_phase(&p))],
-                otherwise: vec![],
-            })
-            .await
-            .map_err(Error::store("join read phase"))?;
+        // Safe to repeat: a lost answer's phase is joined again, still only with our entry.
+        let r = txn_riding_out(self, "join read phase", || Txn {
+            when: vec![Compare::CreateRevisionEq(
+                KeyRange::key(me.key.clone()),
+                me.create_revision,
+            )],
+            then: vec![Op::Txn(read_phase(&p))],
+            otherwise: vec![],
+        })
+        .await?;
         let token = match (r.succeeded, phase_token(&r, 0)) {
             (true, Some(t)) => t,
             _ => return Err(Error::SessionLost),

@@ -148,7 +148,7 @@ impl SemaphoreService for Session {
     async fn acquire(&self, name: &str, permits: u32) -> Result<Permit, Error> {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Permit).await?;
-        check_permits(self, &p, permits).await?;
+        check_permits(self, &p, permits, true).await?;
         let mut pending = Pending::new(self, p.entry(self, ""), claim);
         pending.register(b"").await?;
         // First in line: holders have left the queue for their slots, so only waiters block.
@@ -164,7 +164,7 @@ impl SemaphoreService for Session {
     async fn try_acquire(&self, name: &str, permits: u32) -> Result<Permit, Error> {
         let p = Primitive::new(self, KIND, name)?;
         let claim = self.claim(&p.path, name, Role::Permit).await?;
-        check_permits(self, &p, permits).await?;
+        check_permits(self, &p, permits, false).await?;
         let entry = p.entry(self, "");
         let mut pending = Pending::new(self, entry.clone(), claim);
         let taken = || Error::Taken {

@@ -4,10 +4,12 @@
 //!
 //! For tests and single-process use. Leases expire on tokio's clock, so tests can pause time.
 //! [`MemoryProvider::set_partitioned`] cuts one client off the store, as a network partition
-//! would, to test lease loss without a real network.
+//! would, to test lease loss without a real network; [`MemoryProvider::lose_write_answers`]
+//! loses the answers of writes the store did apply, as a connection that breaks after the
+//! store wrote does.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -50,6 +52,8 @@ impl std::fmt::Debug for MemoryProvider {
 struct ClientState {
     id: u64,
     partitioned: AtomicBool,
+    /// How many more applied writes answer as if the connection broke.
+    lose_write_answers: AtomicU32,
 }
 
 struct Store {
@@ -85,6 +89,7 @@ impl MemoryProvider {
             client: Arc::new(ClientState {
                 id,
                 partitioned: AtomicBool::new(false),
+                lose_write_answers: AtomicU32::new(0),
             }),
         }
     }
@@ -103,6 +108,14 @@ impl MemoryProvider {
             let id = self.client.id;
             self.store.lock().watchers.retain(|w| w.client != id);
         }
+    }
+
+    /// The next `n` transactions of this client that write are applied, but each answers
+    /// as unavailable: the write happened and the client does not know, as when a
+    /// connection breaks between the store's write and its answer. Code that retries must
+    /// cope with its own earlier write.
+    pub fn lose_write_answers(&self, n: u32) {
+        self.client.lose_write_answers.store(n, Ordering::SeqCst);
     }
 
     /// The store's current revision.
@@ -129,6 +142,13 @@ impl MemoryProvider {
             ));
         }
         Ok(())
+    }
+
+    fn take_lost_answer(&self) -> bool {
+        self.client
+            .lose_write_answers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
     }
 
     fn start_reaper(&self) {
@@ -183,7 +203,13 @@ impl Backend for MemoryProvider {
             if !events.is_empty() {
                 st.revision = rev;
             }
+            let wrote = !events.is_empty();
             st.publish(events);
+            if wrote && self.take_lost_answer() {
+                return Err(BackendError::Unavailable(
+                    "memory provider lost the answer to an applied write".into(),
+                ));
+            }
             Ok(TxnResponse {
                 succeeded,
                 revision: st.revision,

@@ -1,12 +1,10 @@
 //! The slots of a semaphore: their keys, the permit count, and how the first in line takes a
 //! free slot (see the parent module for the key layout).
 
-use std::time::Duration;
-
 use super::MAX_PERMITS;
 use crate::error::Error;
 use crate::provider::{Compare, EventKind, KeyRange, Op, Txn, TxnResponse};
-use crate::queue::{lost_error, token, Pending, Primitive};
+use crate::queue::{lost_error, token, txn_riding_out, Pending, Primitive, RETRY_PAUSE};
 use crate::session::{Incarnation, Session};
 use crate::token::FencingToken;
 
@@ -41,29 +39,37 @@ pub(super) fn free_slot(p: &Primitive, r: &TxnResponse, at: usize, permits: u32)
     (0..permits).find(|s| !held.contains(s))
 }
 
-/// Writes `P/permits` if it is missing, or checks that it says `permits`.
+/// Writes `P/permits` if it is missing, or checks that it says `permits`; with `ride_out` (a
+/// blocking `acquire`), through a short store outage.
 pub(super) async fn check_permits(
     session: &Session,
     p: &Primitive,
     permits: u32,
+    ride_out: bool,
 ) -> Result<(), Error> {
     if permits == 0 || permits > MAX_PERMITS {
         return Err(Error::InvalidPermits(permits));
     }
     let key = permits_key(p);
-    let r = session
-        .backend()
-        .txn(Txn {
-            when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
-            then: vec![Op::Put {
-                key: key.clone(),
-                value: permits.to_string().into_bytes(),
-                lease: 0,
-            }],
-            otherwise: vec![Op::get(key)],
-        })
-        .await
-        .map_err(Error::store("semaphore permits"))?;
+    let txn = || Txn {
+        when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
+        then: vec![Op::Put {
+            key: key.clone(),
+            value: permits.to_string().into_bytes(),
+            lease: 0,
+        }],
+        otherwise: vec![Op::get(key.clone())],
+    };
+    // Safe to repeat: it writes the count only where none is.
+    let r = if ride_out {
+        txn_riding_out(session, "semaphore permits", txn).await?
+    } else {
+        session
+            .backend()
+            .txn(txn())
+            .await
+            .map_err(Error::store("semaphore permits"))?
+    };
     if r.succeeded {
         return Ok(());
     }
@@ -96,9 +102,10 @@ pub(super) async fn take_slot(
     let me = pending.incarnation().clone();
     let mut loss = session.loss_signal();
     let slot_prefix = format!("{}/s/", p.path);
+    // A take whose answer was lost may have landed: our entry then moved into a slot.
+    let mut take_unanswered = false;
     loop {
-        session.ensure_alive()?;
-        let read = session.backend().txn(Txn {
+        let r = txn_riding_out(session, "read slots", || Txn {
             when: vec![],
             then: vec![
                 Op::get(me.key.clone()),
@@ -110,18 +117,28 @@ pub(super) async fn take_slot(
                 },
             ],
             otherwise: vec![],
-        });
-        let r = match read.await {
-            Ok(r) => r,
-            Err(e) if e.is_transient() => {
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
-                    _ = loss.wait() => return Err(lost_error(session)),
+        })
+        .await?;
+        if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
+            if take_unanswered {
+                // The slot's key, epoch and token were written in one transaction with the
+                // delete of our entry, so its create revision is the token we were not told.
+                if let Some(kv) = r.range(1).iter().find(|kv| {
+                    kv.value == me.key.as_bytes() && kv.create_revision > me.create_revision
+                }) {
+                    let slot = kv
+                        .key
+                        .strip_prefix(&slot_prefix)
+                        .and_then(|s| s.parse().ok());
+                    if let Some(slot) = slot {
+                        pending.moved(Incarnation {
+                            key: kv.key.clone(),
+                            create_revision: kv.create_revision,
+                        });
+                        return Ok((slot, token(kv.create_revision)));
+                    }
                 }
             }
-            Err(e) => return Err(Error::store("read slots")(e)),
-        };
-        if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
             session.confirm_lease().await;
             return Err(lost_error(session));
         }
@@ -157,8 +174,18 @@ pub(super) async fn take_slot(
                     ],
                     otherwise: vec![Op::get(me.key.clone())],
                 })
-                .await
-                .map_err(Error::store("take slot"))?;
+                .await;
+            let t = match t {
+                Ok(t) => t,
+                Err(e) if e.is_transient() => {
+                    take_unanswered = true;
+                    tokio::select! {
+                        () = tokio::time::sleep(RETRY_PAUSE) => continue,
+                        _ = loss.wait() => return Err(lost_error(session)),
+                    }
+                }
+                Err(e) => return Err(Error::store("take slot")(e)),
+            };
             if t.succeeded {
                 pending.moved(Incarnation {
                     key,
@@ -177,7 +204,7 @@ pub(super) async fn take_slot(
             Ok(ev) => ev,
             Err(e) if e.is_transient() => {
                 tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    () = tokio::time::sleep(RETRY_PAUSE) => continue,
                     _ = loss.wait() => return Err(lost_error(session)),
                 }
             }
