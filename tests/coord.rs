@@ -8,6 +8,8 @@ mod defects;
 mod etcd;
 #[path = "coord/gaps.rs"]
 mod gaps;
+#[path = "coord/late.rs"]
+mod late;
 #[path = "support/netcut.rs"]
 mod netcut;
 #[path = "coord/semaphore.rs"]

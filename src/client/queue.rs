@@ -7,10 +7,10 @@
 //! token. A zombie whose entry expired fails that compare and gets no token.
 
 mod grant;
-
-use std::time::Duration;
+mod ride;
 
 pub(crate) use grant::Grant;
+pub(crate) use ride::{txn_riding_out, RETRY_PAUSE};
 
 use crate::error::Error;
 use crate::provider::{Compare, EventKind, KeyRange, Kv, Op, SortByCreate, Txn, TxnResponse};
@@ -54,36 +54,6 @@ pub(crate) fn token(revision: i64) -> FencingToken {
 async fn txn(session: &Session, op: &'static str, t: Txn) -> Result<TxnResponse, Error> {
     session.backend().txn(t).await.map_err(Error::store(op))
 }
-
-/// Sends the transaction `make` builds until the store answers, while the session's lease may
-/// still be alive: a blocking acquisition rides out a short outage (a dropped connection, an
-/// etcd leader change) instead of failing in the middle of its wait. Only for transactions
-/// that are safe to repeat when an answer was lost: entering the queue (the key names the
-/// session, so a repeat adopts the first put), reading, and confirming (a repeat only takes a
-/// higher token, conditioned on our entry as the first was).
-pub(crate) async fn txn_riding_out(
-    session: &Session,
-    op: &'static str,
-    make: impl Fn() -> Txn,
-) -> Result<TxnResponse, Error> {
-    let mut loss = session.loss_signal();
-    loop {
-        session.ensure_alive()?;
-        match session.backend().txn(make()).await {
-            Ok(r) => return Ok(r),
-            Err(e) if e.is_transient() => {
-                tokio::select! {
-                    () = tokio::time::sleep(RETRY_PAUSE) => {}
-                    _ = loss.wait() => return Err(lost_error(session)),
-                }
-            }
-            Err(e) => return Err(Error::store(op)(e)),
-        }
-    }
-}
-
-/// How long a blocking acquisition waits before asking an unreachable store again.
-pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// Takes `p` exclusively if its queue is empty, in one transaction: put our entry and bump the
 /// epoch to `epoch_prefix` + our key, or write nothing at all. Used by `try_lock` and
@@ -139,9 +109,13 @@ pub(crate) struct Pending {
     key: String,
     incarnation: Option<Incarnation>,
     claim: Option<Claim>,
-    /// A key this acquisition may have written besides its entry (a semaphore slot) and the
-    /// value that marks it as ours: cleaned up with the entry.
-    also: Option<(String, Vec<u8>)>,
+    /// Keys this acquisition may have written besides its entry (semaphore slots it tried to
+    /// take) and the value that marks them as ours: cleaned up with the entry.
+    also: Vec<(String, Vec<u8>)>,
+    /// An attempt to enter the queue went unanswered: its put may still land, whenever our key
+    /// is absent (after a release too), so the key is looked at again once this acquisition
+    /// lets it go ([`Session::release_key_while_alive`]).
+    late_put: bool,
 }
 
 impl Pending {
@@ -151,21 +125,24 @@ impl Pending {
             key,
             incarnation: None,
             claim: Some(claim),
-            also: None,
+            also: Vec::new(),
+            late_put: false,
         }
     }
 
     /// Arms the cleanup of `key` (deleted only while it still holds `value`) before a request
     /// that may write it is sent: if the answer is lost, the key is still removed.
     pub(crate) fn also_clean(&mut self, key: String, value: Vec<u8>) {
-        self.also = Some((key, value));
+        if !self.also.iter().any(|(k, _)| *k == key) {
+            self.also.push((key, value));
+        }
     }
 
     /// The acquisition's entry is now `to` (a semaphore's waiter moved into its slot): the
     /// grant owns `to`, and a cleanup deletes `to` instead of the old entry.
     pub(crate) fn moved(&mut self, to: Incarnation) {
         self.incarnation = Some(to);
-        self.also = None;
+        self.also.clear();
     }
 
     pub(crate) fn incarnation(&self) -> &Incarnation {
@@ -175,7 +152,7 @@ impl Pending {
     /// Puts the entry into the queue (or adopts this session's existing one) with `value`.
     pub(crate) async fn register(&mut self, value: &[u8]) -> Result<(), Error> {
         let key = self.key.clone();
-        let r = txn_riding_out(&self.session, "register", || Txn {
+        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || Txn {
             when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
             then: vec![Op::Put {
                 key: key.clone(),
@@ -295,30 +272,52 @@ impl Pending {
     }
 
     /// Bumps the epoch if our entry still exists: the revision of that write is the token.
+    ///
+    /// Written so that it can be sent again when an answer was lost, or arrive late after
+    /// its repeat: when the epoch already names our entry, written after our entry was created
+    /// (only this acquisition's confirm writes that), the transaction writes nothing and the
+    /// token is that write's revision. A repeat never moves the epoch past the token handed
+    /// out, so the epoch stays "the current valid token" (DESIGN 2).
     pub(crate) async fn confirm(
         &self,
         p: &Primitive,
         epoch_value: &[u8],
     ) -> Result<FencingToken, Error> {
         let me = self.incarnation();
+        let epoch = p.epoch();
         let r = txn_riding_out(&self.session, "confirm ownership", || Txn {
             when: vec![Compare::CreateRevisionEq(
                 KeyRange::key(me.key.clone()),
                 me.create_revision,
             )],
-            then: vec![Op::Put {
-                key: p.epoch(),
-                value: epoch_value.to_vec(),
-                lease: 0,
-            }],
+            then: vec![Op::Txn(Txn {
+                when: vec![
+                    Compare::ValueEq(epoch.clone(), epoch_value.to_vec()),
+                    Compare::ModRevisionGreater(epoch.clone(), me.create_revision),
+                ],
+                then: vec![Op::get(epoch.clone())],
+                otherwise: vec![
+                    Op::Put {
+                        key: epoch.clone(),
+                        value: epoch_value.to_vec(),
+                        lease: 0,
+                    },
+                    Op::get(epoch.clone()),
+                ],
+            })],
             otherwise: vec![],
         })
         .await?;
-        if !r.succeeded {
-            self.session.confirm_lease().await;
-            return Err(lost_error(&self.session));
+        let written = r
+            .txn(0)
+            .and_then(|inner| inner.range(inner.responses.len() - 1).first());
+        match (r.succeeded, written) {
+            (true, Some(kv)) => Ok(token(kv.mod_revision)),
+            _ => {
+                self.session.confirm_lease().await;
+                Err(lost_error(&self.session))
+            }
         }
-        Ok(token(r.revision))
     }
 
     /// Hands the entry and the claim over to a grant, unless the session is no longer alive
@@ -333,6 +332,7 @@ impl Pending {
             incarnation,
             token,
             self.claim.take(),
+            self.late_put.then(|| self.key.clone()),
         ))
     }
 }
@@ -346,17 +346,20 @@ impl Drop for Pending {
         let session = self.session.clone();
         let key = self.key.clone();
         let incarnation = self.incarnation.take();
-        let also = self.also.take();
+        let also = std::mem::take(&mut self.also);
+        let late_put = self.late_put;
         self.session.spawn_cleanup(async move {
             let _claim = claim;
-            match incarnation {
-                Some(i) => session.release_while_alive(&i).await,
-                None => session.release_key_while_alive(&key).await,
+            if let Some(i) = &incarnation {
+                session.release_while_alive(i).await;
+            }
+            if incarnation.is_none() || late_put {
+                session.release_key_while_alive(&key).await;
             }
             // After the entry: once it is gone, a transaction conditioned on it can no longer
-            // write this key; an unconditioned one (`try_acquire`) was sent at least the
+            // write these keys; an unconditioned one (`try_acquire`) was sent at least the
             // second look of `release_key_while_alive` (1 s) ago.
-            if let Some((key, value)) = also {
+            for (key, value) in also {
                 session.release_value_while_alive(&key, &value).await;
             }
         });

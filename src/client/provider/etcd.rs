@@ -130,6 +130,9 @@ fn to_etcd(txn: &Txn) -> EtcdTxn {
             Compare::ValueEq(key, value) => {
                 EtcdCompare::value(key.as_str(), CompareOp::Equal, value.clone())
             }
+            Compare::ModRevisionGreater(key, rev) => {
+                EtcdCompare::mod_revision(key.as_str(), CompareOp::Greater, *rev)
+            }
         })
         .collect();
     let ops = |ops: &[Op]| -> Vec<TxnOp> {

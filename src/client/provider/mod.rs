@@ -101,6 +101,8 @@ pub(crate) enum Compare {
     CreateRevisionEq(KeyRange, Revision),
     /// Fails when the key is missing (etcd's rule for value compares).
     ValueEq(String, Vec<u8>),
+    /// The key's mod revision is above the revision; a missing key has mod revision 0.
+    ModRevisionGreater(String, Revision),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -16,6 +16,9 @@ pub(crate) struct Grant {
     pub(crate) token: FencingToken,
     released: AtomicBool,
     claim: std::sync::Mutex<Option<Claim>>,
+    /// A key an unanswered put may still recreate once the entry is let go (see
+    /// `Pending::late_put`): looked at again after the release, the claim held meanwhile.
+    look_again: Option<String>,
     entry_watch: std::sync::OnceLock<(
         tokio::sync::watch::Receiver<bool>,
         tokio::task::JoinHandle<()>,
@@ -29,6 +32,7 @@ impl Grant {
         incarnation: Incarnation,
         token: FencingToken,
         claim: Option<Claim>,
+        look_again: Option<String>,
     ) -> Self {
         Self {
             session,
@@ -37,6 +41,7 @@ impl Grant {
             token,
             released: AtomicBool::new(false),
             claim: std::sync::Mutex::new(claim),
+            look_again,
             entry_watch: std::sync::OnceLock::new(),
         }
     }
@@ -73,6 +78,26 @@ impl Grant {
         }
     }
 
+    /// After a release: when a put of this acquisition's may still land, looks for it (now
+    /// and a moment later) with the claim held, so that a new acquisition of the name by this
+    /// session waits instead of having its entry taken for the stray one.
+    fn look_again(&self, claim: Option<Claim>) {
+        let Some(key) = self.look_again.clone() else {
+            return;
+        };
+        if self.session.state() != SessionState::Alive {
+            return; // the lease is gone or going: a put on it can no longer land
+        }
+        if let Some(c) = &claim {
+            c.cleaning();
+        }
+        let session = self.session.clone();
+        self.session.spawn_cleanup(async move {
+            let _claim = claim;
+            session.release_key_while_alive(&key).await;
+        });
+    }
+
     pub(crate) fn is_released(&self) -> bool {
         self.released.load(Ordering::Acquire)
     }
@@ -93,7 +118,8 @@ impl Grant {
         // Whether or not the entry was still there, it is gone, and the session may acquire
         // the primitive again.
         self.released.store(true, Ordering::Release);
-        self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let claim = self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.look_again(claim);
         if deleted {
             return Ok(());
         }
@@ -119,9 +145,13 @@ impl Drop for Grant {
         }
         let session = self.session.clone();
         let incarnation = self.incarnation.clone();
+        let look_again = self.look_again.clone();
         self.session.spawn_cleanup(async move {
             let _claim = claim;
             session.release_while_alive(&incarnation).await;
+            if let Some(key) = look_again {
+                session.release_key_while_alive(&key).await;
+            }
         });
     }
 }

@@ -59,6 +59,9 @@ impl State {
                 any || *rev == 0
             }
             Compare::ValueEq(key, value) => self.kvs.get(key).is_some_and(|kv| &kv.value == value),
+            Compare::ModRevisionGreater(key, rev) => {
+                self.kvs.get(key).map_or(0, |kv| kv.mod_revision) > *rev
+            }
         }
     }
 

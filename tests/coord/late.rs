@@ -1,0 +1,329 @@
+//! Blocking acquisitions ride out store outages by repeating unanswered transactions; an
+//! unanswered one may still be applied later, after its repeat. Found by an outside review of
+//! the first ride-out change: each test here failed on it.
+//!
+//! `Trap` is a loopback forwarder that models a request that reached the store side but is
+//! applied late: once armed with a marker, the first client->server chunk containing it is
+//! held (not forwarded), the client's connection is closed (the client sees a transport
+//! error, a transient one, and retries on a new connection), and the server side of the old
+//! connection is kept open; `flush` then delivers the held bytes, so etcd applies the first
+//! attempt after the retry. A lost answer cannot be told apart from this by the client.
+
+use super::*;
+
+use std::sync::Mutex;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+#[derive(Default)]
+struct TrapState {
+    marker: Option<Vec<u8>>,
+    held: Option<Vec<u8>>,
+    sprung: bool,
+}
+
+struct Trap {
+    addr: std::net::SocketAddr,
+    state: Arc<Mutex<TrapState>>,
+    flush: Arc<Notify>,
+}
+
+use std::sync::Arc;
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+impl Trap {
+    async fn new(target: &str) -> Trap {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(TrapState::default()));
+        let flush = Arc::new(Notify::new());
+        let target = target.trim_start_matches("http://").to_owned();
+        let (st, fl) = (Arc::clone(&state), Arc::clone(&flush));
+        tokio::spawn(async move {
+            while let Ok((inbound, _)) = listener.accept().await {
+                tokio::spawn(conn(
+                    inbound,
+                    target.clone(),
+                    Arc::clone(&st),
+                    Arc::clone(&fl),
+                ));
+            }
+        });
+        Trap { addr, state, flush }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn arm(&self, marker: &str) {
+        self.state.lock().unwrap().marker = Some(marker.as_bytes().to_vec());
+    }
+
+    fn sprung(&self) -> bool {
+        self.state.lock().unwrap().sprung
+    }
+
+    fn flush(&self) {
+        self.flush.notify_one();
+    }
+}
+
+async fn conn(inbound: TcpStream, target: String, st: Arc<Mutex<TrapState>>, fl: Arc<Notify>) {
+    let Ok(outbound) = TcpStream::connect(&target).await else {
+        return;
+    };
+    let (mut ri, mut wi) = inbound.into_split();
+    let (mut ro, mut wo) = outbound.into_split();
+    let mut cbuf = vec![0u8; 256 * 1024];
+    let mut sbuf = vec![0u8; 256 * 1024];
+    let mut tail: Vec<u8> = Vec::new();
+    let held: Vec<u8> = loop {
+        tokio::select! {
+            n = ri.read(&mut cbuf) => {
+                let n = match n { Ok(0) | Err(_) => return, Ok(n) => n };
+                let chunk = &cbuf[..n];
+                let mut window = tail.clone();
+                window.extend_from_slice(chunk);
+                {
+                    let mut s = st.lock().unwrap();
+                    if s.marker.as_ref().is_some_and(|m| contains(&window, m)) {
+                        s.marker = None;
+                        s.sprung = true;
+                        break chunk.to_vec();
+                    }
+                }
+                if wo.write_all(chunk).await.is_err() {
+                    return;
+                }
+                tail = window[window.len().saturating_sub(256)..].to_vec();
+            }
+            n = ro.read(&mut sbuf) => {
+                let n = match n { Ok(0) | Err(_) => return, Ok(n) => n };
+                if wi.write_all(&sbuf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    // The client's connection breaks; the store's side stays open with the request unsent.
+    drop(ri);
+    drop(wi);
+    tokio::spawn(async move {
+        let mut b = vec![0u8; 64 * 1024];
+        while let Ok(n) = ro.read(&mut b).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    fl.notified().await;
+    st.lock().unwrap().held = Some(held.clone());
+    let _ = wo.write_all(&held).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+}
+
+async fn etcd_pair(e: &etcd::Etcd) -> (Session, Trap, Session) {
+    let direct = EtcdProvider::new(&e.client().await);
+    let a = direct.session(Fx::options(TTL)).await.unwrap();
+    let trap = Trap::new(&e.endpoint()).await;
+    let client = etcd::Etcd::client_at(&trap.url()).await;
+    let b = EtcdProvider::new(&client)
+        .with_request_timeout(Duration::from_millis(500))
+        .session(Fx::options(TTL))
+        .await
+        .unwrap();
+    (a, trap, b)
+}
+
+async fn mod_revision(e: &etcd::Etcd, key: &str) -> i64 {
+    let mut c = e.client().await;
+    let r = c.get(key, None).await.unwrap();
+    r.kvs().first().map_or(0, |kv| kv.mod_revision())
+}
+
+async fn wait_keys(e: &etcd::Etcd, prefix: &str, needle: &str) {
+    let started = Instant::now();
+    while !e.keys(prefix).await.iter().any(|k| k.contains(needle)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{needle} never under {prefix}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A confirm whose first attempt is applied after its repeat's: the repeat's token is handed
+/// out, and the late first attempt must not bump the epoch again (the epoch is "the current
+/// valid token" of DESIGN 2; it moved past the holder's token before the fix).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_confirm_leaves_the_epoch_at_the_handed_out_token_on_etcd() {
+    let e = etcd::Etcd::single().await;
+    let (a, trap, b) = etcd_pair(&e).await;
+    let g = a.lock("trap").await.unwrap();
+    let bs = b.clone();
+    let task = tokio::spawn(async move { bs.lock("trap").await });
+    wait_keys(&e, &format!("{NS}/lock/trap/q/"), &lease_hex(&b)).await;
+    trap.arm(&format!("{NS}/lock/trap/epoch"));
+    g.unlock().await.unwrap();
+    let gb = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the waiter ends")
+        .unwrap()
+        .expect("the waiter acquires after one retry of confirm");
+    assert!(trap.sprung(), "the first confirm was held");
+    let handed = gb.token().get();
+    assert_eq!(
+        mod_revision(&e, &format!("{NS}/lock/trap/epoch")).await as u64,
+        handed
+    );
+    trap.flush();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let epoch = mod_revision(&e, &format!("{NS}/lock/trap/epoch")).await as u64;
+    assert_eq!(
+        epoch, handed,
+        "the epoch moved past the holder's token while it still holds the lock"
+    );
+}
+
+/// The same on an election: observers were told of a term (token) the leader did not have.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_confirm_shows_the_leaders_own_term_on_etcd() {
+    let e = etcd::Etcd::single().await;
+    let (a, trap, b) = etcd_pair(&e).await;
+    let la = a.campaign("trap", "a").await.unwrap();
+    let bs = b.clone();
+    let task = tokio::spawn(async move { bs.campaign("trap", "b").await });
+    wait_keys(&e, &format!("{NS}/election/trap/q/"), &lease_hex(&b)).await;
+    trap.arm(&format!("{NS}/election/trap/epoch"));
+    la.resign().await.unwrap();
+    let lb = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the candidate ends")
+        .unwrap()
+        .expect("the candidate wins after one retry of confirm");
+    assert!(trap.sprung());
+    trap.flush();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let seen = a.leader("trap").await.unwrap().expect("a leader");
+    assert_eq!(
+        seen.token,
+        lb.token(),
+        "leader() reports a term nobody holds"
+    );
+}
+
+/// A register whose first attempt is applied after the acquisition (granted through the
+/// repeat) was unlocked: the late put recreates the entry on the live lease. Before the fix
+/// nobody deleted it and the lock was blocked for everyone until the session ended; now the
+/// release looks for it once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_first_register_is_cleaned_up_after_the_unlock_on_etcd() {
+    let e = etcd::Etcd::single().await;
+    let (a, trap, b) = etcd_pair(&e).await;
+    trap.arm(&format!("{NS}/lock/leak/q/"));
+    let g = tokio::time::timeout(Duration::from_secs(10), b.lock("leak"))
+        .await
+        .expect("the lock ends")
+        .expect("the lock is taken after one retry of register");
+    assert!(trap.sprung(), "the first register was held");
+    g.unlock().await.unwrap();
+    assert!(e.keys(&format!("{NS}/lock/leak/q/")).await.is_empty());
+    trap.flush();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    b.settle().await;
+    let left = e.keys(&format!("{NS}/lock/leak/q/")).await;
+    let other = a.try_lock("leak").await;
+    assert!(
+        left.is_empty(),
+        "a queue entry leaked on a live lease: {left:?}"
+    );
+    assert!(other.is_ok(), "another session is blocked: {other:?}");
+}
+
+/// Liveness: while every write's answer is lost (on etcd: writes slower than the request
+/// timeout, while keepalives still succeed), `confirm` never ended before the fix and bumped
+/// the epoch on every round; now its repeat finds its own write and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_ends_while_write_answers_are_lost_memory() {
+    let store = MemoryProvider::new();
+    let c = store.connect();
+    let s = c.session(Fx::options(TTL)).await.unwrap();
+    let before = store.revision();
+    c.lose_write_answers(u32::MAX);
+    let r = tokio::time::timeout(Duration::from_secs(3), s.lock("x")).await;
+    let after = store.revision();
+    c.lose_write_answers(0);
+    let g = r
+        .unwrap_or_else(|_| panic!("lock never ended; {} epoch bumps", after - before))
+        .expect("the lock is taken");
+    assert_eq!(
+        i64::try_from(g.token().get()).unwrap(),
+        after,
+        "the one epoch write"
+    );
+    assert!(
+        after - before <= 2,
+        "one entry and one epoch write: {before} -> {after}"
+    );
+}
+
+/// A session closed during a ride-out ends it with SessionClosed at once; `try_*` still fail
+/// at once with a store error; a lost answer followed by lease expiry hands out nothing and
+/// leaves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_try_and_expiry_during_an_outage_memory() {
+    let store = MemoryProvider::new();
+    let c = store.connect();
+    let s = c.session(Fx::options(TTL)).await.unwrap();
+    c.set_partitioned(true);
+    let t0 = Instant::now();
+    let tries = [
+        s.try_lock("t").await.err(),
+        s.try_read_lock("t2").await.err(),
+        s.try_write_lock("t3").await.err(),
+        s.try_acquire("t4", 2).await.err(),
+    ];
+    for e in &tries {
+        assert!(matches!(e, Some(Error::Store { .. })), "{e:?}");
+    }
+    assert!(t0.elapsed() < Duration::from_millis(200));
+    let s2 = s.clone();
+    let task = tokio::spawn(async move { s2.lock("c").await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = s.close().await;
+    let r = tokio::time::timeout(Duration::from_millis(500), task)
+        .await
+        .expect("a closed session ends the ride-out")
+        .unwrap();
+    assert!(matches!(r, Err(Error::SessionClosed)), "{r:?}");
+
+    // Lost answer to register, then the link is cut until the lease expires.
+    let c = store.connect();
+    let s = c.session(Fx::options(TTL)).await.unwrap();
+    let holder = store.connect().session(Fx::options(TTL)).await.unwrap();
+    let g = holder.lock("z").await.unwrap();
+    c.lose_write_answers(1);
+    let s2 = s.clone();
+    let task = tokio::spawn(async move { s2.lock("z").await.map(|g| g.token()) });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    c.set_partitioned(true);
+    let r = tokio::time::timeout(TTL * 3, task)
+        .await
+        .expect("ends")
+        .unwrap();
+    assert!(matches!(r, Err(Error::SessionLost)), "{r:?}");
+    c.set_partitioned(false);
+    tokio::time::sleep(TTL).await;
+    assert_eq!(
+        store.keys(&format!("{NS}/lock/z/q/")).len(),
+        1,
+        "only the holder's entry"
+    );
+    drop(g);
+}
