@@ -140,9 +140,22 @@ impl Pending {
 
     /// The acquisition's entry is now `to` (a semaphore's waiter moved into its slot): the
     /// grant owns `to`, and a cleanup deletes `to` instead of the old entry.
+    ///
+    /// After an unanswered attempt to enter the queue, the old entry's key is not ours to hold
+    /// any more but a late put may still recreate it, where it would stand in line in front of
+    /// later waiters while slots are free: it is looked for now and a moment later, the claim
+    /// held by that look too.
     pub(crate) fn moved(&mut self, to: Incarnation) {
         self.incarnation = Some(to);
         self.also.clear();
+        if let (true, Some(claim)) = (self.late_put, self.claim.clone()) {
+            let session = self.session.clone();
+            let key = self.key.clone();
+            self.session.spawn_cleanup(async move {
+                let _claim = claim;
+                session.release_key_while_alive(&key).await;
+            });
+        }
     }
 
     pub(crate) fn incarnation(&self) -> &Incarnation {
@@ -159,17 +172,30 @@ impl Pending {
                 value: value.to_vec(),
                 lease: self.session.lease(),
             }],
-            otherwise: vec![Op::get(key.clone())],
+            // Already there: an earlier attempt of this registration whose answer was lost,
+            // or the late put of this session's own earlier one. The key names this session,
+            // and the claim waited for earlier cleanups: nobody else will delete it, so it is
+            // ours to adopt, with this registration's value (a put keeps the create revision;
+            // a repeat finds the value and writes nothing).
+            otherwise: vec![Op::Txn(Txn {
+                when: vec![Compare::ValueEq(key.clone(), value.to_vec())],
+                then: vec![Op::get(key.clone())],
+                otherwise: vec![
+                    Op::Put {
+                        key: key.clone(),
+                        value: value.to_vec(),
+                        lease: self.session.lease(),
+                    },
+                    Op::get(key.clone()),
+                ],
+            })],
         })
         .await?;
         let create_revision = if r.succeeded {
             r.revision
         } else {
-            // The key names this session, and the claim waited for earlier cleanups: this is
-            // the late put of this session's own cancelled registration, which nobody else
-            // will delete. Ours to adopt.
-            r.range(0)
-                .first()
+            r.txn(0)
+                .and_then(|inner| inner.range(inner.responses.len() - 1).first())
                 .map_or(r.revision, |kv| kv.create_revision)
         };
         self.incarnation = Some(Incarnation {

@@ -32,9 +32,14 @@ impl Incarnation {
     }
 }
 
-/// The session's record that it is acquiring or holding a primitive; dropping it forgets and
-/// wakes acquisitions waiting for this one's cleanup.
-pub(crate) struct Claim {
+/// The session's record that it is acquiring or holding a primitive; dropping the last clone
+/// forgets it and wakes acquisitions waiting for this one's cleanup. Cloned when a cleanup
+/// must run while the grant still holds the primitive (a semaphore's old queue key): the
+/// primitive is free again for this session only once both are done.
+#[derive(Clone)]
+pub(crate) struct Claim(std::sync::Arc<ClaimOf>);
+
+struct ClaimOf {
     session: Session,
     path: String,
 }
@@ -43,13 +48,13 @@ impl Claim {
     /// The acquisition is over and only its cleanup is left: a new acquisition of the same
     /// primitive waits for it instead of failing with `AlreadyHeld`.
     pub(crate) fn cleaning(&self) {
-        if let Some(slot) = lock(&self.session.inner.held).get_mut(&self.path) {
+        if let Some(slot) = lock(&self.0.session.inner.held).get_mut(&self.0.path) {
             slot.cleaning = true;
         }
     }
 }
 
-impl Drop for Claim {
+impl Drop for ClaimOf {
     fn drop(&mut self) {
         lock(&self.session.inner.held).remove(&self.path);
         self.session.inner.released.notify_waiters();
@@ -76,10 +81,10 @@ impl Session {
                                 cleaning: false,
                             },
                         );
-                        return Ok(Claim {
+                        return Ok(Claim(std::sync::Arc::new(ClaimOf {
                             session: self.clone(),
                             path: path.to_owned(),
-                        });
+                        })));
                     }
                     // Registered while the map is locked, so the wake-up cannot be missed.
                     Some(slot) if slot.cleaning => {
@@ -233,6 +238,14 @@ impl Session {
         loop {
             // The compare makes this delete idempotent, so unlike other writes it is retried.
             match self.backend().txn(txn.clone()).await {
+                // A repeat that finds the entry gone after an unanswered attempt: most likely
+                // that attempt deleted it. Gone for another reason, the lease's end is told
+                // apart by asking for it; a delete by someone else is not (and is a release
+                // all the same).
+                Ok(r) if !r.succeeded && attempt > 0 => {
+                    self.confirm_lease().await;
+                    return Ok(self.state() == SessionState::Alive);
+                }
                 Ok(r) => return Ok(r.succeeded),
                 Err(e) if e.is_transient() && attempt < 3 => {
                     attempt += 1;
