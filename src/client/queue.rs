@@ -175,34 +175,51 @@ impl Pending {
             // Already there: an earlier attempt of this registration whose answer was lost,
             // or the late put of this session's own earlier one. The key names this session,
             // and the claim waited for earlier cleanups: nobody else will delete it, so it is
-            // ours to adopt, with this registration's value (a put keeps the create revision;
-            // a repeat finds the value and writes nothing).
-            otherwise: vec![Op::Txn(Txn {
-                when: vec![Compare::ValueEq(key.clone(), value.to_vec())],
-                then: vec![Op::get(key.clone())],
-                otherwise: vec![
-                    Op::Put {
-                        key: key.clone(),
-                        value: value.to_vec(),
-                        lease: self.session.lease(),
-                    },
-                    Op::get(key.clone()),
-                ],
-            })],
+            // ours to adopt. Read only: a late copy of this transaction must never write over
+            // what the entry became since (a leader's `proclaim`).
+            otherwise: vec![Op::get(key.clone())],
         })
         .await?;
         let create_revision = if r.succeeded {
             r.revision
         } else {
-            r.txn(0)
-                .and_then(|inner| inner.range(inner.responses.len() - 1).first())
-                .map_or(r.revision, |kv| kv.create_revision)
+            let Some(kv) = r.range(0).first() else {
+                return Err(lost_error(&self.session)); // gone with the lease
+            };
+            if kv.value != value {
+                // An earlier acquisition's entry: it takes this one's value, only over the
+                // version just read, so a late copy of this put writes nothing either.
+                self.adopt_value(kv.mod_revision, value).await?;
+            }
+            kv.create_revision
         };
         self.incarnation = Some(Incarnation {
             key,
             create_revision,
         });
         Ok(())
+    }
+
+    /// Puts `value` into the adopted entry if it is still the version `seen` (mod revision).
+    async fn adopt_value(&mut self, seen: i64, value: &[u8]) -> Result<(), Error> {
+        let key = self.key.clone();
+        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || Txn {
+            when: vec![Compare::ModRevisionEq(key.clone(), seen)],
+            then: vec![Op::Put {
+                key: key.clone(),
+                value: value.to_vec(),
+                lease: self.session.lease(),
+            }],
+            otherwise: vec![Op::get(key.clone())],
+        })
+        .await?;
+        // Not the version seen: an unanswered attempt of this put landed (the value is ours),
+        // or the entry went with the lease.
+        match r.range(0).first() {
+            _ if r.succeeded => Ok(()),
+            Some(kv) if kv.value == value => Ok(()),
+            _ => Err(lost_error(&self.session)),
+        }
     }
 
     /// A `try_*` that found the primitive taken wrote nothing: forget without cleaning up.

@@ -133,6 +133,9 @@ fn to_etcd(txn: &Txn) -> EtcdTxn {
             Compare::ModRevisionGreater(key, rev) => {
                 EtcdCompare::mod_revision(key.as_str(), CompareOp::Greater, *rev)
             }
+            Compare::ModRevisionEq(key, rev) => {
+                EtcdCompare::mod_revision(key.as_str(), CompareOp::Equal, *rev)
+            }
         })
         .collect();
     let ops = |ops: &[Op]| -> Vec<TxnOp> {

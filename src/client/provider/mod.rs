@@ -103,6 +103,8 @@ pub(crate) enum Compare {
     ValueEq(String, Vec<u8>),
     /// The key's mod revision is above the revision; a missing key has mod revision 0.
     ModRevisionGreater(String, Revision),
+    /// The key's mod revision is the revision (0: the key is missing).
+    ModRevisionEq(String, Revision),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

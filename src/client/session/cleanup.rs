@@ -238,14 +238,10 @@ impl Session {
         loop {
             // The compare makes this delete idempotent, so unlike other writes it is retried.
             match self.backend().txn(txn.clone()).await {
-                // A repeat that finds the entry gone after an unanswered attempt: most likely
-                // that attempt deleted it. Gone for another reason, the lease's end is told
-                // apart by asking for it; a delete by someone else is not (and is a release
-                // all the same).
-                Ok(r) if !r.succeeded && attempt > 0 => {
-                    self.confirm_lease().await;
-                    return Ok(self.state() == SessionState::Alive);
-                }
+                // A repeat that finds the entry gone after an unanswered attempt cannot tell
+                // that attempt's delete from someone else's (a `with_lease` successor's, while
+                // another owner came and went): it says "not deleted", and a grant's release
+                // reports `LostBeforeRelease`, the answer that cannot hide an overlap.
                 Ok(r) => return Ok(r.succeeded),
                 Err(e) if e.is_transient() && attempt < 3 => {
                     attempt += 1;

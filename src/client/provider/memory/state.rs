@@ -62,6 +62,9 @@ impl State {
             Compare::ModRevisionGreater(key, rev) => {
                 self.kvs.get(key).map_or(0, |kv| kv.mod_revision) > *rev
             }
+            Compare::ModRevisionEq(key, rev) => {
+                self.kvs.get(key).map_or(0, |kv| kv.mod_revision) == *rev
+            }
         }
     }
 
