@@ -420,3 +420,60 @@ async fn a_status_line_without_a_reason_phrase_is_relayed() {
         assert!(text.ends_with("\r\n\r\nok"), "fast {fast}: {text}");
     }
 }
+
+/// A response that is already waiting when the fast path starts to wait for it (under load
+/// the upstream can answer before the task comes back; here the upstream answers as soon as it
+/// accepts, from a thread of its own): the request went out whole all the same, so the
+/// client's connection stays open. The fast path polled its upload and its download in random
+/// order and, when the download came first and was ready, took the request for one the
+/// upstream answered early, before reading it all: it closed the client's keep-alive
+/// connection (CI saw `tests/reload_ops.rs` fail on it), and did not count the request as
+/// delivered for the drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_already_waiting_keeps_the_connection_open() {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            // Answers first, then reads the request head, then closes (and says so): each
+            // request of the client comes on a new upstream connection.
+            let answer = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok";
+            if s.write_all(answer).is_err() {
+                continue;
+            }
+            let mut buf = Vec::new();
+            while find(&buf, b"\r\n\r\n").is_none() {
+                let mut chunk = [0u8; 1024];
+                match s.read(&mut chunk) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::render(CONFIG, addr, dir.path()).replace("FAST", "true");
+    let proxy = support::proxy(&text, dir.path()).await;
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    for i in 0..200 {
+        client
+            .write_all(b"GET /x HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let mut resp = Vec::new();
+        while !resp.ends_with(b"\r\n\r\nok") {
+            let mut chunk = [0u8; 1024];
+            let n = client.read(&mut chunk).await.unwrap();
+            assert!(
+                n > 0,
+                "request {i}: the connection was closed after {resp:?}"
+            );
+            resp.extend_from_slice(&chunk[..n]);
+        }
+        let text = String::from_utf8_lossy(&resp);
+        assert_eq!(statuses(&text), [200], "request {i}: {text}");
+        assert!(!text.contains("connection: close"), "request {i}: {text}");
+    }
+}

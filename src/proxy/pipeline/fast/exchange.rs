@@ -353,6 +353,10 @@ impl Conn {
             let mut upload_failed = None;
             let head = loop {
                 tokio::select! {
+                    // The upload first: a response that was already waiting must not hide a
+                    // request that went out whole in this same poll (it would be taken for an
+                    // early answer, and both connections closed).
+                    biased;
                     r = &mut upload, if uploading => {
                         uploading = false;
                         match r {
