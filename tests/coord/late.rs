@@ -328,11 +328,9 @@ async fn close_try_and_expiry_during_an_outage_memory() {
     drop(g);
 }
 
-// ---- Second review (probes) ----
-
 /// Semaphore: the take deletes the queue entry, so a late register put can land while the
-/// permit is held. The stray entry then blocks every later waiter (and try_acquire) although
-/// slots are free, until the holder lets go.
+/// permit is held. The stray entry blocked every later waiter (and try_acquire) although slots
+/// were free, until the holder let go; now it is looked for as soon as the slot is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_semaphore_register_during_the_hold_is_cleaned_up_on_etcd() {
     let e = etcd::Etcd::single().await;
@@ -591,4 +589,116 @@ async fn a_look_again_claim_does_not_outlive_close_or_loss_memory() {
     tokio::time::sleep(TTL).await;
     let o = other.try_lock("cl2").await;
     assert!(o.is_ok(), "{o:?}");
+}
+
+/// Puts a stray entry (value `stale`) under `b`'s key of election `name`, on `b`'s lease, as
+/// a late put of an earlier campaign that landed after both looks would; returns the key.
+async fn stray_entry(e: &etcd::Etcd, b: &Session, name: &str) -> String {
+    let l = b.campaign(name, "v0").await.unwrap();
+    let key = b.leader(name).await.unwrap().expect("leads").key;
+    l.resign().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut c = e.client().await;
+    c.put(
+        key.as_str(),
+        "stale",
+        Some(etcd_client::PutOptions::new().with_lease(b.lease_id())),
+    )
+    .await
+    .unwrap();
+    key
+}
+
+/// Bytes of an etcd `Compare` on `key`'s mod revision (target MOD = 2, result EQUAL omitted):
+/// only `adopt_value` sends one on a queue key.
+fn mod_compare_marker(key: &str) -> String {
+    assert!(key.len() < 128);
+    let mut m = String::from("\u{10}\u{2}\u{1a}");
+    m.push(char::from(u8::try_from(key.len()).unwrap()));
+    m.push_str(key);
+    m
+}
+
+/// adopt_value's first attempt is held and lands after the leader proclaimed: it must write
+/// nothing (its compare names the version read), the term keeps its token and the proclaimed
+/// value, and the new term's token is above the earlier term's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_adopt_of_a_stray_value_does_not_undo_a_proclaim_on_etcd() {
+    let e = etcd::Etcd::single().await;
+    let (a, trap, b) = etcd_pair(&e).await;
+    let l0 = b.campaign("ad0", "x").await.unwrap();
+    let before = l0.token();
+    l0.resign().await.unwrap();
+    let key = stray_entry(&e, &b, "ad").await;
+    trap.arm(&mod_compare_marker(&key));
+    let l = tokio::time::timeout(Duration::from_secs(10), b.campaign("ad", "v1"))
+        .await
+        .expect("ends")
+        .expect("leads after one retry of adopt_value");
+    assert!(trap.sprung(), "adopt_value's first attempt was held");
+    assert!(l.token() > before);
+    let t = a.leader("ad").await.unwrap().expect("a leader");
+    assert_eq!(String::from_utf8_lossy(&t.value), "v1", "adopted value");
+    l.proclaim("v2").await.unwrap();
+    trap.flush();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let seen = a.leader("ad").await.unwrap().expect("a leader");
+    assert_eq!(seen.token, l.token(), "same term");
+    assert_eq!(
+        String::from_utf8_lossy(&seen.value),
+        "v2",
+        "late adopt undid proclaim"
+    );
+}
+
+/// adopt_value's first attempt is applied before its repeat (answer lost): the repeat finds a
+/// newer version holding this campaign's value and must lead, not fail with SessionLost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopt_applied_before_its_repeat_still_leads_on_etcd() {
+    let e = etcd::Etcd::single().await;
+    let (a, trap, b) = etcd_pair(&e).await;
+    let key = stray_entry(&e, &b, "ad2").await;
+    trap.arm(&mod_compare_marker(&key));
+    let bs = b.clone();
+    let task = tokio::spawn(async move { bs.campaign("ad2", "v1").await });
+    let t0 = Instant::now();
+    while !trap.sprung() {
+        assert!(t0.elapsed() < Duration::from_secs(5), "never sprung");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    trap.flush();
+    let r = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("ends")
+        .unwrap();
+    let l = r.expect("leads although its repeat found the version moved");
+    let t = a.leader("ad2").await.unwrap().expect("a leader");
+    assert_eq!(t.token, l.token());
+    assert_eq!(String::from_utf8_lossy(&t.value), "v1");
+    assert_eq!(b.state(), SessionState::Alive);
+}
+
+/// Lost answers on 1..4 successive writes of each campaign (register, confirm, resign) on
+/// the memory provider, a new value each time: every campaign leads with its own value and a
+/// higher token, none fails with SessionLost or hangs (the memory provider cannot land a
+/// write late, so it cannot make a stray with another value: see the etcd probes above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_answers_on_every_campaign_step_still_lead_with_its_own_value_memory() {
+    let store = MemoryProvider::new();
+    let c = store.connect();
+    let s = c.session(Fx::options(TTL)).await.unwrap();
+    let mut last = 0;
+    for i in 0..4u32 {
+        c.lose_write_answers(i + 1);
+        let l = tokio::time::timeout(Duration::from_secs(5), s.campaign("m", format!("v{i}")))
+            .await
+            .expect("ends")
+            .expect("leads");
+        assert!(l.token().get() > last);
+        last = l.token().get();
+        let t = s.leader("m").await.unwrap().expect("leader");
+        assert_eq!(t.value, format!("v{i}").into_bytes());
+        let _ = l.resign().await;
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
 }

@@ -218,8 +218,10 @@ impl Session {
     /// Deletes the entry `incarnation` if, and only if, that exact incarnation still exists:
     /// safe to repeat, and never deletes a newer entry under the same key.
     ///
-    /// Returns whether something was deleted. Grants call this on release; it is public so a
-    /// caller that lost track of an acquisition (a crashed task) can clean up precisely.
+    /// Returns whether this call is known to have deleted it: after an unanswered attempt, a
+    /// repeat that finds the entry gone says `false` (that attempt's delete and someone
+    /// else's look the same). Grants call this on release; it is public so a caller that lost
+    /// track of an acquisition (a crashed task) can clean up precisely.
     ///
     /// # Errors
     /// The store's error after retries of transient failures.
