@@ -8,12 +8,13 @@
 
 mod grant;
 mod ride;
+mod wait;
 
 pub(crate) use grant::Grant;
 pub(crate) use ride::{txn_riding_out, RETRY_PAUSE};
 
 use crate::error::Error;
-use crate::provider::{Compare, EventKind, KeyRange, Kv, Op, SortByCreate, Txn, TxnResponse};
+use crate::provider::{Compare, KeyRange, LeaseId, Op, Txn, TxnResponse};
 use crate::session::{Claim, Incarnation, Session, SessionState};
 use crate::token::FencingToken;
 
@@ -164,20 +165,15 @@ impl Pending {
 
     /// Puts the entry into the queue (or adopts this session's existing one) with `value`.
     pub(crate) async fn register(&mut self, value: &[u8]) -> Result<(), Error> {
-        let key = self.key.clone();
-        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || Txn {
-            when: vec![Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0)],
-            then: vec![Op::Put {
-                key: key.clone(),
-                value: value.to_vec(),
-                lease: self.session.lease(),
-            }],
-            // Already there: an earlier attempt of this registration whose answer was lost,
-            // or the late put of this session's own earlier one. The key names this session,
-            // and the claim waited for earlier cleanups: nobody else will delete it, so it is
-            // ours to adopt. Read only: a late copy of this transaction must never write over
-            // what the entry became since (a leader's `proclaim`).
-            otherwise: vec![Op::get(key.clone())],
+        let (key, lease) = (self.key.clone(), self.session.lease());
+        // Already there: an earlier attempt of this registration whose answer was lost, or
+        // the late put of this session's own earlier one. The key names this session, and the
+        // claim waited for earlier cleanups: nobody else will delete it, so it is ours to
+        // adopt. Read only: a late copy of this transaction must never write over what the
+        // entry became since (a leader's `proclaim`).
+        let absent = Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0);
+        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || {
+            put_or_read(&key, lease, &absent, value)
         })
         .await?;
         let create_revision = if r.succeeded {
@@ -202,15 +198,10 @@ impl Pending {
 
     /// Puts `value` into the adopted entry if it is still the version `seen` (mod revision).
     async fn adopt_value(&mut self, seen: i64, value: &[u8]) -> Result<(), Error> {
-        let key = self.key.clone();
-        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || Txn {
-            when: vec![Compare::ModRevisionEq(key.clone(), seen)],
-            then: vec![Op::Put {
-                key: key.clone(),
-                value: value.to_vec(),
-                lease: self.session.lease(),
-            }],
-            otherwise: vec![Op::get(key.clone())],
+        let (key, lease) = (self.key.clone(), self.session.lease());
+        let unchanged = Compare::ModRevisionEq(key.clone(), seen);
+        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || {
+            put_or_read(&key, lease, &unchanged, value)
         })
         .await?;
         // Not the version seen: an unanswered attempt of this put landed (the value is ours),
@@ -233,85 +224,6 @@ impl Pending {
             key: self.key.clone(),
             create_revision,
         });
-    }
-
-    /// Waits until no entry created before ours satisfies `blocks`.
-    ///
-    /// Reads from a fresh revision, then watches the newest blocker (and our own entry) from
-    /// the read's revision + 1, so no delete is missed and no stale history is replayed; after
-    /// every delete it reads again, so a waiter never skips a live holder even when the entry
-    /// in front of it goes first.
-    pub(crate) async fn wait_turn(
-        &self,
-        p: &Primitive,
-        blocks: impl Fn(&Kv) -> bool,
-    ) -> Result<(), Error> {
-        let me = self.incarnation().clone();
-        let mut loss = self.session.loss_signal();
-        loop {
-            let r = txn_riding_out(&self.session, "read queue", || Txn {
-                when: vec![],
-                then: vec![
-                    Op::get(me.key.clone()),
-                    Op::Range {
-                        range: KeyRange::prefix(p.queue()),
-                        sort: Some(SortByCreate::Descending),
-                        limit: 0,
-                        max_create_revision: me.create_revision - 1,
-                    },
-                ],
-                otherwise: vec![],
-            })
-            .await?;
-            if r.range(0).first().map(|kv| kv.create_revision) != Some(me.create_revision) {
-                // Our entry is gone: the lease expired or was revoked (or someone deleted it).
-                self.session.confirm_lease().await;
-                return Err(lost_error(&self.session));
-            }
-            // The store filters by create revision too, but `max_create_revision == 0` means
-            // "no limit", so the bound is applied here as well.
-            let Some(blocker) = r
-                .range(1)
-                .iter()
-                .find(|kv| kv.create_revision < me.create_revision && blocks(kv))
-            else {
-                return Ok(());
-            };
-            let (lo, hi) = if blocker.key < me.key {
-                (&blocker.key, &me.key)
-            } else {
-                (&me.key, &blocker.key)
-            };
-            let range = KeyRange {
-                start: lo.clone(),
-                end: Some(format!("{hi}\0")),
-            };
-            let watched = [blocker.key.clone(), me.key.clone()];
-            let mut events = match self.session.backend().watch(range, r.revision + 1).await {
-                Ok(ev) => ev,
-                Err(e) if e.is_transient() => {
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                        _ = loss.wait() => return Err(lost_error(&self.session)),
-                    }
-                }
-                Err(e) => return Err(Error::store("watch queue")(e)),
-            };
-            loop {
-                tokio::select! {
-                    batch = events.next() => match batch {
-                        Some(Ok(batch)) => {
-                            if batch.iter().any(|e| e.kind == EventKind::Delete && watched.contains(&e.kv.key)) {
-                                break;
-                            }
-                        }
-                        // Broken, compacted or ended watch: read again and watch anew.
-                        Some(Err(_)) | None => break,
-                    },
-                    _ = loss.wait() => return Err(lost_error(&self.session)),
-                }
-            }
-        }
     }
 
     /// Bumps the epoch if our entry still exists: the revision of that write is the token.
@@ -406,6 +318,19 @@ impl Drop for Pending {
                 session.release_value_while_alive(&key, &value).await;
             }
         });
+    }
+}
+
+/// Puts `value` at `key` on `lease` if `when` holds; reads `key` otherwise.
+fn put_or_read(key: &str, lease: LeaseId, when: &Compare, value: &[u8]) -> Txn {
+    Txn {
+        when: vec![when.clone()],
+        then: vec![Op::Put {
+            key: key.to_owned(),
+            value: value.to_vec(),
+            lease,
+        }],
+        otherwise: vec![Op::get(key.to_owned())],
     }
 }
 
