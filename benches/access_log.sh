@@ -31,10 +31,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 cargo build --release --quiet --bin palisade
 BIN=${BIN:-target/release/palisade}
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+work_dir
 
 UP=$(free_port); OFF=$(free_port); OFF_ADM=$(free_port); ON=$(free_port); ON_ADM=$(free_port)
 

@@ -89,6 +89,14 @@ CONF
 }
 
 # The median of the numbers on stdin.
+# Makes the run's scratch directory $WORK and kills every pid in $PIDS and removes $WORK when
+# the script exits, however it exits.
+work_dir() {
+  WORK=$(mktemp -d)
+  PIDS=()
+  trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"' EXIT
+}
+
 median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
 
 # CPU clock ticks (user + system) process $1 has used; 0 without a pid.

@@ -23,10 +23,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 cargo build --release --quiet --bin palisade
 BIN=target/release/palisade
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+work_dir
 
 UP=$(free_port); NGX=$(free_port); PAL=$(free_port); ADM=$(free_port)
 upstream_conf "$WORK/upstream.conf" "$UP" http2

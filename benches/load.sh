@@ -37,10 +37,7 @@ HAPROXY=$(command -v haproxy || echo /usr/sbin/haproxy)
 cargo build --release --quiet --bin palisade
 BIN=${CARGO_TARGET_DIR:-target}/release/palisade
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+work_dir
 
 UP=$(free_port); NGX=$(free_port); HAP=$(free_port); PAL=$(free_port); ADM=$(free_port)
 BPAL=$(free_port); BADM=$(free_port)

@@ -26,10 +26,7 @@ NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 cargo build --release --quiet --bin palisade
 BIN=$(realpath "${CARGO_TARGET_DIR:-target}/release/palisade")
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+work_dir
 
 UP=$(free_port); A=$(free_port); AA=$(free_port); B=$(free_port); BA=$(free_port)
 upstream_conf "$WORK/upstream.conf" "$UP"

@@ -28,10 +28,7 @@ BIN=target/release/palisade
 
 
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
-trap cleanup EXIT
+work_dir
 
 UP=$(free_port); ETCD=$(free_port); PEER=$(free_port)
 cat >"$WORK/upstream.conf" <<CONF
