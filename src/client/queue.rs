@@ -11,7 +11,7 @@ mod ride;
 mod wait;
 
 pub(crate) use grant::Grant;
-pub(crate) use ride::{txn_riding_out, RETRY_PAUSE};
+pub(crate) use ride::{pause, txn_riding_out};
 
 use crate::error::Error;
 use crate::provider::{Compare, KeyRange, LeaseId, Op, Txn, TxnResponse};

@@ -11,7 +11,9 @@
 
 use super::*;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+
+use palisade::Term;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -29,8 +31,6 @@ struct Trap {
     state: Arc<Mutex<TrapState>>,
     flush: Arc<Notify>,
 }
-
-use std::sync::Arc;
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
@@ -158,6 +158,14 @@ async fn wait_keys(e: &etcd::Etcd, prefix: &str, needle: &str) {
     }
 }
 
+/// Delivers the request `trap` holds, gives it time to land (it must change nothing), and
+/// returns the term `observer` then sees for election `name`.
+async fn term_after_the_late_copy(trap: &Trap, observer: &Session, name: &str) -> Term {
+    trap.flush();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    observer.leader(name).await.unwrap().expect("a leader")
+}
+
 /// A confirm whose first attempt is applied after its repeat's: the repeat's token is handed
 /// out, and the late first attempt must not bump the epoch again (the epoch is "the current
 /// valid token" of DESIGN 2; it moved past the holder's token before the fix).
@@ -208,9 +216,7 @@ async fn a_late_first_confirm_shows_the_leaders_own_term_on_etcd() {
         .unwrap()
         .expect("the candidate wins after one retry of confirm");
     assert!(trap.sprung());
-    trap.flush();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let seen = a.leader("trap").await.unwrap().expect("a leader");
+    let seen = term_after_the_late_copy(&trap, &a, "trap").await;
     assert_eq!(
         seen.token,
         lb.token(),
@@ -493,9 +499,7 @@ async fn a_late_first_register_does_not_undo_a_proclaim_on_etcd() {
     l.proclaim("v2").await.unwrap();
     let before = a.leader("pro").await.unwrap().expect("a leader");
     assert_eq!(String::from_utf8_lossy(&before.value), "v2");
-    trap.flush();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let seen = a.leader("pro").await.unwrap().expect("a leader");
+    let seen = term_after_the_late_copy(&trap, &a, "pro").await;
     assert_eq!(seen.token, l.token(), "same term");
     assert_eq!(
         String::from_utf8_lossy(&seen.value),
@@ -640,9 +644,7 @@ async fn a_late_adopt_of_a_stray_value_does_not_undo_a_proclaim_on_etcd() {
     let t = a.leader("ad").await.unwrap().expect("a leader");
     assert_eq!(String::from_utf8_lossy(&t.value), "v1", "adopted value");
     l.proclaim("v2").await.unwrap();
-    trap.flush();
-    tokio::time::sleep(Duration::from_millis(700)).await;
-    let seen = a.leader("ad").await.unwrap().expect("a leader");
+    let seen = term_after_the_late_copy(&trap, &a, "ad").await;
     assert_eq!(seen.token, l.token(), "same term");
     assert_eq!(
         String::from_utf8_lossy(&seen.value),

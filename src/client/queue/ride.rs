@@ -14,10 +14,19 @@ use std::time::Duration;
 use super::lost_error;
 use crate::error::Error;
 use crate::provider::{Txn, TxnResponse};
-use crate::session::Session;
+use crate::session::{LossSignal, Session};
 
 /// How long a blocking acquisition waits before asking an unreachable store again.
-pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(100);
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
+/// Waits before asking an unreachable store again; fails with the session's loss if that
+/// comes first (`loss`: the session's signal, taken once by the caller).
+pub(crate) async fn pause(session: &Session, loss: &mut LossSignal) -> Result<(), Error> {
+    tokio::select! {
+        () = tokio::time::sleep(RETRY_PAUSE) => Ok(()),
+        _ = loss.wait() => Err(lost_error(session)),
+    }
+}
 
 /// Sends the transaction `make` builds until the store answers, while the session's lease may
 /// still be alive; fails with the session's loss once it cannot be, and at once on errors
@@ -44,10 +53,7 @@ pub(super) async fn txn_noting(
             Ok(r) => return Ok(r),
             Err(e) if e.is_transient() => {
                 *unanswered = true;
-                tokio::select! {
-                    () = tokio::time::sleep(RETRY_PAUSE) => {}
-                    _ = loss.wait() => return Err(lost_error(session)),
-                }
+                pause(session, &mut loss).await?;
             }
             Err(e) => return Err(Error::store(op)(e)),
         }

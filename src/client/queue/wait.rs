@@ -1,7 +1,7 @@
 //! Waiting for one's turn in the queue: reads and watches, never writes, so every step can
 //! be repeated through a store outage.
 
-use super::{lost_error, ride::txn_riding_out, Pending, Primitive, RETRY_PAUSE};
+use super::{lost_error, pause, txn_riding_out, Pending, Primitive};
 use crate::error::Error;
 use crate::provider::{EventKind, KeyRange, Kv, Op, SortByCreate, Txn};
 
@@ -61,10 +61,8 @@ impl Pending {
             let mut events = match self.session.backend().watch(range, r.revision + 1).await {
                 Ok(ev) => ev,
                 Err(e) if e.is_transient() => {
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                        _ = loss.wait() => return Err(lost_error(&self.session)),
-                    }
+                    pause(&self.session, &mut loss).await?;
+                    continue;
                 }
                 Err(e) => return Err(Error::store("watch queue")(e)),
             };

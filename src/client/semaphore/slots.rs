@@ -4,7 +4,7 @@
 use super::MAX_PERMITS;
 use crate::error::Error;
 use crate::provider::{Compare, EventKind, KeyRange, Op, Txn, TxnResponse};
-use crate::queue::{lost_error, token, txn_riding_out, Pending, Primitive, RETRY_PAUSE};
+use crate::queue::{lost_error, pause, token, txn_riding_out, Pending, Primitive};
 use crate::session::{Incarnation, Session};
 use crate::token::FencingToken;
 
@@ -179,10 +179,8 @@ pub(super) async fn take_slot(
                 Ok(t) => t,
                 Err(e) if e.is_transient() => {
                     take_unanswered = true;
-                    tokio::select! {
-                        () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                        _ = loss.wait() => return Err(lost_error(session)),
-                    }
+                    pause(session, &mut loss).await?;
+                    continue;
                 }
                 Err(e) => return Err(Error::store("take slot")(e)),
             };
@@ -203,10 +201,8 @@ pub(super) async fn take_slot(
         let mut events = match session.backend().watch(range, r.revision + 1).await {
             Ok(ev) => ev,
             Err(e) if e.is_transient() => {
-                tokio::select! {
-                    () = tokio::time::sleep(RETRY_PAUSE) => continue,
-                    _ = loss.wait() => return Err(lost_error(session)),
-                }
+                pause(session, &mut loss).await?;
+                continue;
             }
             Err(e) => return Err(Error::store("watch slots")(e)),
         };
