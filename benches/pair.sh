@@ -9,7 +9,10 @@
 # against itself gives 1.00 +/- 0.01 here).
 #
 # Usage: OTHER=/path/to/palisade benches/pair.sh            (default: 16 64 256 connections,
-#        ROUNDS=3 DURATION=4 CONNS="256" OTHER=... benches/pair.sh   3 rounds of 4 s each)
+#        ROUNDS=3 DURATION=4 CONNS="256" OTHER=... benches/pair.sh   3 rounds of 4 s each;
+#        THIS=/path/to/palisade OTHER=... benches/pair.sh   compares two built binaries;
+#        EXTRA_THIS='response_timeout_ms = 0' OTHER=... benches/pair.sh   appends a line to
+#        one build's configuration, after its [[route]] (EXTRA_OTHER: the other's))
 # Prints, per round: each build's requests/s, p99 and CPU per request (user + system, from
 # /proc/<pid>/stat), and this build / other.
 set -euo pipefail
@@ -23,15 +26,19 @@ source "benches/common.sh"
 need nginx nginx wrk wrk taskset util-linux
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
-cargo build --release --quiet --bin palisade
-BIN=$(realpath "${CARGO_TARGET_DIR:-target}/release/palisade")
+if [ -n "${THIS:-}" ]; then
+    BIN=$(realpath "$THIS")
+else
+    cargo build --release --quiet --bin palisade
+    BIN=$(realpath "${CARGO_TARGET_DIR:-target}/release/palisade")
+fi
 
 work_dir
 
 UP=$(free_port); A=$(free_port); AA=$(free_port); B=$(free_port); BA=$(free_port)
 upstream_conf "$WORK/upstream.conf" "$UP"
-palisade_conf "$WORK/a/palisade.toml" "$A" "$AA" "$UP"
-palisade_conf "$WORK/b/palisade.toml" "$B" "$BA" "$UP"
+palisade_conf "$WORK/a/palisade.toml" "$A" "$AA" "$UP" http1 "${EXTRA_THIS:-}"
+palisade_conf "$WORK/b/palisade.toml" "$B" "$BA" "$UP" http1 "${EXTRA_OTHER:-}"
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 (cd "$WORK/a" && RUST_LOG=warn exec "${PROXY_CPU[@]}" "$BIN" run --config palisade.toml 2>palisade.log) & PIDS+=($!)

@@ -89,16 +89,20 @@ fn canned(path: &str) -> (&'static str, bool) {
     }
 }
 
-/// An HTTP/1.1 upstream that answers [`canned`] responses byte for byte.
-async fn raw_upstream() -> (SocketAddr, Received) {
+/// An HTTP/1.1 upstream that answers [`canned`] responses byte for byte; a request for
+/// `/held` is answered once the returned semaphore gives it a permit.
+async fn raw_upstream() -> (SocketAddr, Received, Arc<tokio::sync::Semaphore>) {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
     let got = Received::default();
     let log = Arc::clone(&got);
+    let held = Arc::new(tokio::sync::Semaphore::new(0));
+    let hold = Arc::clone(&held);
     tokio::spawn(async move {
         loop {
             let (mut s, _) = l.accept().await.unwrap();
             let log = Arc::clone(&log);
+            let hold = Arc::clone(&hold);
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
@@ -148,6 +152,9 @@ async fn raw_upstream() -> (SocketAddr, Received) {
                     buf.drain(..end + 4 + len);
                     let path = head.split(' ').nth(1).unwrap_or("/").to_owned();
                     log.lock().unwrap().push(format!("{head}{body}"));
+                    if path == "/held" {
+                        hold.acquire().await.unwrap().forget();
+                    }
                     let (answer, close) = canned(&path);
                     if s.write_all(answer.as_bytes()).await.is_err() || close {
                         return;
@@ -156,7 +163,7 @@ async fn raw_upstream() -> (SocketAddr, Received) {
             });
         }
     });
-    (addr, got)
+    (addr, got, held)
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -166,17 +173,20 @@ fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
 struct Env {
     proxy: support::Proxy,
     upstream: Received,
+    /// Permits for requests to `/held`.
+    held: Arc<tokio::sync::Semaphore>,
     _dir: tempfile::TempDir,
 }
 
 async fn env(fast: bool) -> Env {
-    let (addr, upstream) = raw_upstream().await;
+    let (addr, upstream, held) = raw_upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let text = support::render(CONFIG, addr, dir.path()).replace("FAST", &fast.to_string());
     let proxy = support::proxy(&text, dir.path()).await;
     Env {
         proxy,
         upstream,
+        held,
         _dir: dir,
     }
 }
@@ -475,5 +485,99 @@ async fn a_response_already_waiting_keeps_the_connection_open() {
         let text = String::from_utf8_lossy(&resp);
         assert_eq!(statuses(&text), [200], "request {i}: {text}");
         assert!(!text.contains("connection: close"), "request {i}: {text}");
+    }
+}
+
+/// Reads from `s` until `end` has arrived, the connection closed, or 5 s passed.
+async fn read_until(s: &mut TcpStream, end: &str) -> String {
+    let mut got = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut chunk = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains(end) {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+/// When the server stops, a connection waiting for its next request is closed at once; one
+/// with half a head gets to finish it and is answered, as is a request already in progress,
+/// each with `Connection: close` and then the connection closed; a request pipelined behind
+/// is never served. Both data paths alike, on a runtime with two workers (the fast path's
+/// watchdog runs in a task of its own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_closes_waiting_connections_at_once_and_finishes_the_requests_begun() {
+    for fast in [true, false] {
+        let e = env(fast).await;
+        let addr = e.proxy.addr;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(
+            read_until(&mut idle, "hello").await.ends_with("hello"),
+            "fast={fast}"
+        );
+        let mut partial = TcpStream::connect(addr).await.unwrap();
+        partial
+            .write_all(b"GET /b HTTP/1.1\r\nhost: a\r\n")
+            .await
+            .unwrap();
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET /held HTTP/1.1\r\nhost: a\r\n\r\nGET /c HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        while !e
+            .upstream
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|r| r.starts_with("GET /held"))
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let stopped = tokio::spawn(e.proxy.shutdown());
+        // Closed while the held request is still at the upstream, without a byte of answer.
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "fast={fast}: the idle connection was not closed: {read:?} {:?}",
+            String::from_utf8_lossy(&rest)
+        );
+        partial.write_all(b"\r\n").await.unwrap();
+        for (name, s) in [("partial", &mut partial), ("busy", &mut busy)] {
+            if name == "busy" {
+                assert!(
+                    !stopped.is_finished(),
+                    "fast={fast}: stopped before the held request ended"
+                );
+                e.held.add_permits(1);
+            }
+            let mut answer = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            assert!(matches!(read, Ok(Ok(_))), "fast={fast} {name}: {read:?}");
+            assert_eq!(statuses(&answer), [200], "fast={fast} {name}: {answer}");
+            assert!(
+                answer.to_ascii_lowercase().contains("connection: close"),
+                "fast={fast} {name}: {answer}"
+            );
+            assert!(answer.ends_with("hello"), "fast={fast} {name}: {answer}");
+        }
+        tokio::time::timeout(Duration::from_secs(5), stopped)
+            .await
+            .expect("the server stops once the last request ended")
+            .unwrap();
+        let got = e.upstream.lock().unwrap().clone();
+        assert!(
+            !got.iter().any(|r| r.starts_with("GET /c")),
+            "fast={fast}: {got:?}"
+        );
     }
 }

@@ -21,7 +21,6 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -32,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub(super) use super::state::{Active, Reason, State};
 use super::wake::Gate;
 use super::Limits;
 use crate::metrics::ConnMetrics;
@@ -39,82 +39,6 @@ use crate::metrics::ConnMetrics;
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How long an idle HTTP/2 connection gets to finish after its GOAWAY.
 const GOAWAY_GRACE: Duration = Duration::from_secs(1);
-
-/// What the watchdog knows of one connection. Shared by the I/O wrapper, the service and the
-/// watchdog; every field is an independent fact, so `Relaxed` orderings suffice (the
-/// watchdog re-reads them whenever its timer fires).
-#[derive(Debug)]
-pub(super) struct State {
-    accepted: Instant,
-    /// Requests in progress.
-    active: AtomicUsize,
-    /// Whether any request head completed, or the HTTP/2 preface arrived.
-    started: AtomicBool,
-    /// Nanoseconds after `accepted` at which the connection last became idle.
-    idle_since: AtomicU64,
-}
-
-impl State {
-    /// When the connection was accepted: a TLS handshake must end by then plus
-    /// `header_read_timeout`.
-    pub(super) fn accepted(&self) -> Instant {
-        self.accepted
-    }
-
-    pub(super) fn new() -> Arc<Self> {
-        Arc::new(Self {
-            accepted: Instant::now(),
-            active: AtomicUsize::new(0),
-            started: AtomicBool::new(false),
-            idle_since: AtomicU64::new(0),
-        })
-    }
-
-    /// Called by the service for each request; the guard ends it.
-    pub(super) fn request_started(self: &Arc<Self>) -> Active {
-        self.active.fetch_add(1, Ordering::Relaxed);
-        self.started.store(true, Ordering::Relaxed);
-        Active(Arc::clone(self))
-    }
-
-    fn mark_idle(&self) {
-        let nanos = u64::try_from(self.accepted.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.idle_since.store(nanos, Ordering::Relaxed);
-    }
-
-    /// When the connection must be closed if nothing changes, and why; `None` while busy.
-    fn deadline(&self, limits: &Limits) -> Option<(Instant, Reason)> {
-        if !self.started.load(Ordering::Relaxed) {
-            return Some((
-                self.accepted + limits.header_read_timeout,
-                Reason::HeaderRead,
-            ));
-        }
-        if self.active.load(Ordering::Relaxed) > 0 {
-            return None;
-        }
-        let since = Duration::from_nanos(self.idle_since.load(Ordering::Relaxed));
-        Some((self.accepted + since + limits.idle_timeout, Reason::Idle))
-    }
-}
-
-/// One request in progress; dropping it ends the request for the watchdog.
-#[derive(Debug)]
-pub(super) struct Active(Arc<State>);
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        if self.0.active.fetch_sub(1, Ordering::Relaxed) == 1 {
-            self.0.mark_idle();
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Reason {
-    HeaderRead,
-    Idle,
-}
 
 /// The client's socket, watched for the HTTP/2 preface (which ends the fresh phase: an h2
 /// client may open its connection well before its first request).
@@ -145,8 +69,7 @@ impl<I> Watched<I> {
         let done = at + n;
         if done == H2_PREFACE.len() {
             self.preface = u8::MAX;
-            self.state.started.store(true, Ordering::Relaxed);
-            self.state.mark_idle();
+            self.state.preface_arrived();
         } else {
             self.preface = u8::try_from(done).unwrap_or(u8::MAX);
         }
@@ -242,6 +165,7 @@ where
 }
 
 /// The watchdog of one connection.
+#[derive(Clone)]
 pub(super) struct Watch {
     pub(super) state: Arc<State>,
     pub(super) limits: Arc<Limits>,
@@ -361,4 +285,10 @@ enum Event {
 pub(super) trait GracefulShutdown {
     /// HTTP/1.1: close after the current response; HTTP/2: GOAWAY.
     fn shutdown_gracefully(self: Pin<&mut Self>);
+}
+
+impl<C: GracefulShutdown + ?Sized> GracefulShutdown for Pin<Box<C>> {
+    fn shutdown_gracefully(self: Pin<&mut Self>) {
+        self.get_mut().as_mut().shutdown_gracefully();
+    }
 }

@@ -4,21 +4,21 @@
 //! The first handler owns the socket while it serves. When it meets something it does not
 //! handle (the HTTP/2 preface, a chunked request body, an upgrade, ...) it gives the socket back
 //! with the bytes it read but did not consume, and hyper serves the rest of the connection as
-//! if it had read those bytes itself ([`Prefixed`] replays them first). The watchdog drives
-//! both in turn ([`Phased`]): its limits and a graceful shutdown apply to either.
+//! if it had read those bytes itself ([`Prefixed`] replays them first). The watchdog's limits
+//! and a graceful shutdown apply to either: to the first handler through its sentry
+//! ([`spawn`]), to hyper through [`Watch::drive`].
 
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::sync::Notify;
+use tokio::sync::oneshot;
 
-use super::conn::{Active, GracefulShutdown, State};
+use super::conn::{GracefulShutdown, State, Watch};
 use super::Peer;
 
 /// A plain-TCP client connection, handed to the first handler.
@@ -53,135 +53,80 @@ pub type FirstFuture = Pin<Box<dyn Future<Output = Option<Handoff>> + Send>>;
 /// A handler tried first on each plain-TCP connection of a listener (not on TLS ones).
 pub type FirstHandler<C> = Arc<dyn Fn(FirstConn<C>) -> FirstFuture + Send + Sync>;
 
-/// A graceful shutdown asked of a connection: close after the current response.
-#[derive(Debug, Default)]
-pub(super) struct Stop {
-    requested: AtomicBool,
-    notify: Notify,
-}
-
-impl Stop {
-    fn request(&self) {
-        // SeqCst pairs with the load in `stopped` after the waiter is enabled: either the
-        // waiter sees the flag or it is registered before `notify_waiters` runs.
-        self.requested.store(true, Ordering::SeqCst);
-        self.notify.notify_waiters();
-    }
-}
-
-/// The watchdog's view of a connection served by a first handler: requests in progress mark
-/// it busy (as hyper's service does), and a graceful shutdown is asked through it.
+/// The watchdog's view of a connection served by a first handler, shared with its sentry
+/// ([`super::sentry`]): the handler reports each request's start and end, and learns there
+/// whether it must finish.
 #[derive(Debug, Clone)]
 pub struct Activity {
     pub(super) state: Arc<State>,
-    pub(super) stop: Arc<Stop>,
 }
-
-/// One request in progress on a first handler's connection; dropping it ends the request
-/// for the watchdog (the connection becomes idle).
-#[derive(Debug)]
-pub struct InProgress(#[allow(dead_code)] Active);
 
 impl Activity {
-    /// A request head is complete: the connection is busy until the returned guard drops.
-    /// The first one also ends the connection's `header_read_timeout`.
-    pub fn request_started(&self) -> InProgress {
-        InProgress(self.state.request_started())
+    /// A request head is complete (the first one also ends the connection's
+    /// `header_read_timeout`). `false`: the connection is being closed (an idle or header
+    /// timeout, the server stopping) and must end without serving the request.
+    #[must_use]
+    pub fn begin(&self) -> bool {
+        self.state.begin()
     }
 
-    /// Whether the connection was asked to finish (server shutdown, idle timeout).
+    /// The request begun last is over: `true` when the connection must finish now (the
+    /// server is stopping). Between two requests the handler needs no other check: a
+    /// connection waiting for a request is closed by its sentry.
+    #[must_use]
+    pub fn end(&self) -> bool {
+        self.state.end()
+    }
+
+    /// Part of the next request head is read, and the handler waits for the rest: `false`
+    /// when the connection is being closed. A stop then lets the head complete (within the
+    /// server's grace) and its request be served, as hyper does.
+    #[must_use]
+    pub fn partial(&self) -> bool {
+        self.state.partial()
+    }
+
+    /// Whether the connection was asked to finish after the current request.
     pub fn stopping(&self) -> bool {
-        self.stop.requested.load(Ordering::SeqCst)
+        self.state.stop_asked()
     }
 
-    /// Resolves once the connection is asked to finish.
-    pub async fn stopped(&self) {
-        self.stop.stopped().await;
-    }
-
-    /// [`Activity::stopped`] as a future of its own, for a connection to keep across its idle
-    /// waits: its wake-up is registered once, not at every wait (a lock and a list insertion
-    /// and removal per request otherwise).
-    pub fn stop_signal(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let stop = Arc::clone(&self.stop);
-        async move { stop.stopped().await }
-    }
-}
-
-impl Stop {
-    async fn stopped(&self) {
-        loop {
-            let n = self.notify.notified();
-            tokio::pin!(n);
-            n.as_mut().enable();
-            if self.requested.load(Ordering::SeqCst) {
-                return;
-            }
-            n.await;
-        }
+    /// The handler is about to hand the connection to hyper: `false` when the connection is
+    /// being closed instead.
+    #[must_use]
+    pub fn hand_over(&self) -> bool {
+        self.state.hand_over()
     }
 }
 
 type Ended = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-/// A connection served first by a first handler, then (if it hands over) by hyper.
-pub(super) struct Phased<H, M> {
-    first: Option<FirstFuture>,
-    make: Option<Box<M>>,
-    hyper: Option<Pin<Box<H>>>,
-    stop: Arc<Stop>,
-}
-
-impl<H, M> Phased<H, M> {
-    pub(super) fn new(first: FirstFuture, make: M, stop: Arc<Stop>) -> Self {
-        Self {
-            first: Some(first),
-            make: Some(Box::new(make)),
-            hyper: None,
-            stop,
-        }
-    }
-}
-
-impl<H, M> Future for Phased<H, M>
+/// Runs a first handler's connection: `served` in a task of its own, watched by a sentry
+/// task, then, if it hands over, hyper's connection made by `make` under [`Watch::drive`].
+/// `hold` (the connection's count) is dropped when the connection's task ends.
+pub(super) fn spawn<M, H, K>(served: FirstFuture, make: M, watch: Watch, hold: K)
 where
-    H: Future<Output = Ended> + GracefulShutdown,
-    M: FnOnce(Handoff) -> H,
+    M: FnOnce(Handoff) -> H + Send + 'static,
+    H: Future<Output = Ended> + GracefulShutdown + Send + 'static,
+    K: Send + 'static,
 {
-    type Output = Ended;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Ended> {
-        let this = self.get_mut();
-        if let Some(first) = &mut this.first {
-            let Poll::Ready(handoff) = first.as_mut().poll(cx) else {
-                return Poll::Pending;
-            };
-            this.first = None;
-            let (Some(h), Some(make)) = (handoff, this.make.take()) else {
-                return Poll::Ready(Ok(()));
-            };
+    // Dropped with the connection's task (or at its hand-over): ends the sentry.
+    let (ended, ended_rx) = oneshot::channel::<()>();
+    let sentry = watch.clone();
+    let task = tokio::spawn(async move {
+        let handoff = served.await;
+        drop(ended);
+        if let Some(h) = handoff {
+            // Boxed: hyper's connection is large, and most connections never get here.
             let mut conn = Box::pin(make(h));
-            if this.stop.requested.load(Ordering::SeqCst) {
+            if watch.state.stop_asked() {
                 conn.as_mut().shutdown_gracefully();
             }
-            this.hyper = Some(conn);
+            watch.drive(conn).await;
         }
-        match &mut this.hyper {
-            Some(conn) => conn.as_mut().poll(cx),
-            None => Poll::Ready(Ok(())),
-        }
-    }
-}
-
-impl<H: GracefulShutdown, M> GracefulShutdown for Phased<H, M> {
-    fn shutdown_gracefully(self: Pin<&mut Self>) {
-        // `Phased` is `Unpin`: its futures are boxed.
-        let this = self.get_mut();
-        this.stop.request();
-        if let Some(conn) = &mut this.hyper {
-            conn.as_mut().shutdown_gracefully();
-        }
-    }
+        drop(hold);
+    });
+    tokio::spawn(sentry.sentry(task.abort_handle(), ended_rx));
 }
 
 /// The client's socket with bytes already read from it replayed first.

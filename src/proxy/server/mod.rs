@@ -50,6 +50,8 @@ pub(crate) use write_through;
 mod conn;
 mod handoff;
 mod head;
+mod sentry;
+mod state;
 mod wake;
 
 use std::convert::Infallible;
@@ -72,7 +74,7 @@ use tokio::sync::{mpsc, watch};
 use crate::metrics::ConnMetrics;
 
 pub use conn::Counted;
-pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff, InProgress};
+pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
 
 /// What one listener allows a client connection (`[proxy]` keys of DESIGN 5).
 #[derive(Debug, Clone)]
@@ -302,14 +304,12 @@ pub async fn serve_first<H, F, B, C>(
         // With upgrades: a WebSocket route answers 101 and takes the connection over.
         match (&limits.tls, &first) {
             (None, Some(first)) => {
-                let stop = Arc::new(handoff::Stop::default());
                 let served = first(FirstConn {
                     stream,
                     peer: client,
                     local,
                     activity: Activity {
                         state: Arc::clone(&state),
-                        stop: Arc::clone(&stop),
                     },
                     max_header_bytes: limits.max_header_bytes,
                 });
@@ -320,11 +320,7 @@ pub async fn serve_first<H, F, B, C>(
                         .serve_connection_with_upgrades(TokioIo::new(io), svc)
                         .into_owned()
                 };
-                let conn = handoff::Phased::new(served, hyper, stop);
-                tokio::spawn(async move {
-                    watch.drive(conn).await;
-                    drop(counted);
-                });
+                handoff::spawn(served, hyper, watch, counted);
             }
             (None, None) => {
                 let io = conn::Watched::new(stream, state);

@@ -31,8 +31,6 @@ mod upstream;
 mod upstream_head;
 mod write;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
@@ -56,7 +54,6 @@ const READ_SIZE: usize = 4 * 1024;
 pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
     Box::pin(async move {
         Conn {
-            stop: Some(Box::pin(conn.activity.stop_signal())),
             client: conn.stream,
             peer: conn.peer,
             activity: conn.activity,
@@ -105,9 +102,6 @@ struct Conn {
     scratch: Vec<u8>,
     /// The fields of the head being served (the request's, then the response's).
     fields: FieldStore,
-    /// Resolves when the connection is asked to finish; kept (and its wake-up registered)
-    /// across idle waits. `None` once it resolved.
-    stop: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
 }
 
 /// Whether the client connection stays open after an exchange.
@@ -119,12 +113,16 @@ enum After {
 
 impl Conn {
     /// Serves requests until the connection ends (`None`) or one is for hyper.
+    ///
+    /// Between two requests nothing but the client's socket is waited for: a connection that
+    /// idles too long, or is waiting when the server stops, is closed by its sentry (see
+    /// [`Activity`]), which never cuts a request once [`Activity::begin`] took it.
     async fn run(mut self, current: &ArcSwap<Proxy>) -> Option<Handoff> {
         loop {
             let head = loop {
                 match head::parse(&self.buf[self.start..], self.max_head, &mut self.fields) {
                     Parsed::Head(h) => break h,
-                    Parsed::HandOver => return Some(self.handoff()),
+                    Parsed::HandOver => return self.handoff(),
                     Parsed::Refuse(status) => {
                         let _ = self.refuse_head(status).await;
                         return None;
@@ -142,12 +140,14 @@ impl Conn {
             if !proxy.all_fast
                 && !proxy.fast_takes(&View::new(&head, &self.buf[self.start..], &mut self.fields))
             {
-                return Some(self.handoff());
+                return self.handoff();
             }
-            let busy = self.activity.request_started();
+            if !self.activity.begin() {
+                return None; // being closed: nothing of this request was judged
+            }
             let after = self.exchange(&proxy, head).await;
-            drop(busy);
-            if after == After::Close || self.activity.stopping() {
+            let stop = self.activity.end();
+            if after == After::Close || stop {
                 return None;
             }
             self.compact();
@@ -155,29 +155,14 @@ impl Conn {
     }
 
     /// Reads more of the client's bytes; `false` when the client closed, the read failed, or
-    /// the connection was asked to finish while no request was begun.
+    /// the connection is being closed.
     async fn read_more(&mut self) -> bool {
         self.compact();
-        self.buf.reserve(READ_SIZE);
-        let idle = self.start == self.buf.len();
-        if idle {
-            if self.activity.stopping() {
-                return false;
-            }
-            let Some(stop) = &mut self.stop else {
-                return false;
-            };
-            tokio::select! {
-                biased;
-                () = stop.as_mut() => {
-                    self.stop = None;
-                    false
-                }
-                r = self.client.read_buf(&mut self.buf) => matches!(r, Ok(n) if n > 0),
-            }
-        } else {
-            matches!(self.client.read_buf(&mut self.buf).await, Ok(n) if n > 0)
+        if !self.buf.is_empty() && !self.activity.partial() {
+            return false;
         }
+        self.buf.reserve(READ_SIZE);
+        matches!(self.client.read_buf(&mut self.buf).await, Ok(n) if n > 0)
     }
 
     /// Answers a head refused before it was judged (400, 431), as hyper's server would.
@@ -198,8 +183,12 @@ impl Conn {
         }
     }
 
-    /// The connection for hyper, with what it must read first.
-    fn handoff(self) -> Handoff {
+    /// The connection for hyper, with what it must read first; `None` when it is being
+    /// closed instead.
+    fn handoff(self) -> Option<Handoff> {
+        if !self.activity.hand_over() {
+            return None;
+        }
         let Conn {
             client,
             mut buf,
@@ -207,10 +196,10 @@ impl Conn {
             ..
         } = self;
         buf.drain(..start);
-        Handoff {
+        Some(Handoff {
             stream: client,
             read: buf,
-        }
+        })
     }
 }
 
