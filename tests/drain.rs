@@ -1276,9 +1276,54 @@ async fn a_request_delivered_whole_is_waited_for_when_the_drain_runs_out() {
     assert!(drain_metrics(&proxy, "orders").await.timeouts >= 2.0);
 }
 
+/// The abort reaches a request that is not its connection's first under the mark: the fast
+/// path registers a connection for a mark's abort once, at its first request, and keeps that
+/// registration for the next ones. Request 2 of a kept-alive connection stalls mid-body; a
+/// newer owner's drain runs out and aborts it: its body never completes at the upstream, its
+/// client gets no 200, and the newer owner's request goes through.
+async fn an_abort_reaches_a_later_request_of_a_kept_connection() {
+    let (up, proxy, _dir) = setup(100, Some(1)).await;
+    let mut kept = TcpStream::connect(proxy.addr).await.unwrap();
+    kept.set_nodelay(true).unwrap();
+    let head = |id: &str| {
+        format!(
+            "POST /orders/k HTTP/1.1\r\nhost: x\r\nx-fencing-token: 2\r\nx-id: {id}\r\n\
+             content-length: 10\r\n\r\n"
+        )
+    };
+    kept.write_all(format!("{}0123456789", head("first")).as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(read_response(&mut kept).await.map(|r| r.0), Ok(200));
+    kept.write_all(format!("{}01234", head("second")).as_bytes())
+        .await
+        .unwrap();
+    wait_until(
+        "the second request at the upstream",
+        Duration::from_secs(5),
+        || up.rec.received("second") == 5,
+    )
+    .await;
+    let (newer, _) = post_now(proxy.addr, "/orders/k", 3, "newer", b"0123456789").await;
+    assert_eq!(newer.map(|r| r.0), Ok(200));
+    wait_until(
+        "the aborted body to end at the upstream",
+        Duration::from_secs(5),
+        || up.rec.find("second", Kind::Gone).is_some(),
+    )
+    .await;
+    assert!(up.rec.find("second", Kind::Complete).is_none());
+    let answer = tokio::time::timeout(Duration::from_secs(5), read_response(&mut kept))
+        .await
+        .expect("the aborted request's client is answered or cut at once");
+    assert_ne!(answer.map(|r| r.0), Ok(200));
+    assert_eq!(drain_metrics(&proxy, "orders").await.aborted, 1.0);
+}
+
 support::on_both_paths!(
     #[flavor = "multi_thread", worker_threads = 2]
     an_advance_waits_for_the_old_owners_slow_body,
+    an_abort_reaches_a_later_request_of_a_kept_connection,
     an_old_owner_slower_than_the_drain_time_is_aborted_http1_upstream,
     zombie_frozen_mid_body_http1,
     stress_no_lower_token_completes_after_a_higher_one_started,

@@ -66,9 +66,11 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 mod ticket;
+mod watch;
 
 pub use self::ticket::{AbortSignal, AbortWait, Ticket};
 use self::ticket::{Counted, Shard, SHARDS};
+pub use self::watch::AbortWatch;
 
 /// After an abort, how long the aborted requests get to notice it and end.
 pub const ABORT_GRACE: Duration = Duration::from_secs(1);
@@ -85,6 +87,8 @@ pub struct Generation {
     drained: Notify,
     aborted: AtomicBool,
     abort_notify: Notify,
+    /// Tasks registered through [`AbortWatch`]: woken by the abort too.
+    watchers: watch::Watchers,
 }
 
 impl Generation {
@@ -97,6 +101,7 @@ impl Generation {
             drained: Notify::new(),
             aborted: AtomicBool::new(false),
             abort_notify: Notify::new(),
+            watchers: watch::Watchers::default(),
         }
     }
 
@@ -293,6 +298,7 @@ impl Drain {
             let g = &old.generation;
             g.aborted.store(true, SeqCst);
             g.abort_notify.notify_waiters();
+            g.watchers.wake_all();
             if !old.wait_drained(Instant::now() + ABORT_GRACE).await {
                 tracing::error!(
                     left = ticket::requests(old.in_flight()),

@@ -109,14 +109,14 @@ impl Conn {
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
         // Atomic only to keep the future `Send`: one task reads and writes it.
         let delivered = AtomicBool::new(false);
-        // One wait for the abort over the whole exchange, the upstream's answer and the relay:
-        // its wake-up is registered once. `fired`: it completed (it is not polled again).
-        let abort = async {
-            match &aborted {
-                Some(generation) => generation.aborted().await,
-                None => std::future::pending().await,
-            }
-        };
+        // One wait for the abort over the whole exchange, the upstream's answer and the relay,
+        // through the connection's standing registration (registered once per connection and
+        // mark, not per request). `fired`: it completed (it is not polled again).
+        let mut watch = std::mem::take(&mut self.abort_watch);
+        let abort = std::future::poll_fn(|cx| match &aborted {
+            Some(generation) => watch.poll(generation, cx),
+            None => std::task::Poll::Pending,
+        });
         tokio::pin!(abort);
         let mut fired = false;
         let limit = route.settings.response_timeout;
@@ -202,6 +202,7 @@ impl Conn {
         };
         drop(ticket);
         drop(inflight);
+        self.abort_watch = watch;
         if let Some(l) = logged {
             l.answered(status);
         }

@@ -42,6 +42,7 @@ use self::head::{Parsed, View};
 use self::upstream::UpSock;
 use super::{Affinity, Proxy, Routed};
 use crate::config::Protocol;
+use crate::drain::AbortWatch;
 use crate::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
 
 /// Each read asks for at least this much room; the buffer grows (up to `max_header_bytes` for
@@ -65,6 +66,7 @@ pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> 
             out: Vec::new(),
             scratch: Vec::new(),
             fields: FieldStore::default(),
+            abort_watch: AbortWatch::default(),
         }
         .run(&current)
         .await
@@ -102,6 +104,9 @@ struct Conn {
     scratch: Vec<u8>,
     /// The fields of the head being served (the request's, then the response's).
     fields: FieldStore,
+    /// The connection's registration for the abort of the mark its requests are admitted
+    /// under, kept from one request to the next.
+    abort_watch: AbortWatch,
 }
 
 /// Whether the client connection stays open after an exchange.
