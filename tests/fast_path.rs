@@ -581,3 +581,279 @@ async fn a_stop_closes_waiting_connections_at_once_and_finishes_the_requests_beg
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The fast path's connection watched by a sentry task of its own: stops, timeouts, hand-over.
+
+/// [`env`] with extra `[proxy]` keys, in front of the upstream at `up` (the raw upstream when
+/// `None`).
+async fn env_with(fast: bool, proxy_extra: &str, up: Option<SocketAddr>) -> Env {
+    let (raw_addr, upstream, held) = raw_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::render(CONFIG, up.unwrap_or(raw_addr), dir.path())
+        .replace("FAST", &format!("{fast}\n{proxy_extra}"));
+    let proxy = support::proxy(&text, dir.path()).await;
+    Env {
+        proxy,
+        upstream,
+        held,
+        _dir: dir,
+    }
+}
+
+/// An HTTP/1.1 upstream that answers every request `200 hello` on a kept connection, and
+/// counts the connections it accepted.
+async fn counting_upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    while let Some(end) = find(&buf, b"\r\n\r\n") {
+                        buf.drain(..end + 4);
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello";
+                        if s.write_all(ok).await.is_err() {
+                            return;
+                        }
+                    }
+                    let mut chunk = [0u8; 4096];
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+/// Reads until EOF or error; `true` when the peer closed within `limit`.
+async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+fn proxy_series(text: &str, series: &str) -> f64 {
+    support::metric(text, series).unwrap_or(0.0)
+}
+
+/// A stop that finds a connection with half of its first head read lets the head complete
+/// and its request be answered, whatever the request is, as hyper's own path does. On the
+/// fast path a head that completes as a request for hyper (a chunked body, `Expect`,
+/// HTTP/1.0) is handed over after the stop; asking hyper's `auto` connection to shut down
+/// before its first poll cancelled its version detection (`ReadVersion::cancel`) and dropped
+/// the request unanswered (found in review; fixed in `handoff::spawn`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_lets_a_half_sent_head_for_hyper_be_answered() {
+    let kinds: [(&str, &[u8], &[u8]); 3] = [
+        (
+            "chunked",
+            b"POST /x HTTP/1.1\r\nhost: a\r\n",
+            b"transfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        ),
+        (
+            "expect",
+            b"POST /x HTTP/1.1\r\nhost: a\r\n",
+            b"expect: 100-continue\r\ncontent-length: 5\r\n\r\nhello",
+        ),
+        ("http/1.0", b"GET /x HTTP/1.0\r\nhost: a\r\n", b"\r\n"),
+    ];
+    for fast in [true, false] {
+        let e = env(fast).await;
+        let addr = e.proxy.addr;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(read_until(&mut idle, "hello").await.ends_with("hello"));
+        let mut partial = Vec::new();
+        for (name, first, _) in kinds {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(first).await.unwrap();
+            partial.push((name, s));
+        }
+        // One more exchange through the proxy: the half heads above were read by now.
+        let text = raw(
+            addr,
+            b"GET /a HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(text.ends_with("hello"), "{text}");
+        let stopped = tokio::spawn(e.proxy.shutdown());
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest)).await;
+        assert!(
+            matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+            "fast={fast}: the idle connection was not closed: {read:?}"
+        );
+        // The stop reached the idle connection's watchdog: let the other connections' take
+        // it as well before their heads complete (not needed for the outcome on hyper's path).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for ((name, mut s), (_, _, second)) in partial.into_iter().zip(kinds) {
+            let _ = s.write_all(second).await;
+            let mut answer = Vec::new();
+            let read =
+                tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            assert!(
+                answer.contains(" 200 OK") && answer.ends_with("hello"),
+                "fast={fast} {name}: no answer to the request whose head the stop let finish: \
+                 {read:?} {answer:?}"
+            );
+        }
+        tokio::time::timeout(Duration::from_secs(5), stopped)
+            .await
+            .expect("the server stops once the last request ended")
+            .unwrap();
+    }
+}
+
+/// A connection closed for idling gives its upstream socket back to the upstream's idle
+/// cache (the sentry aborts the task between two requests: `Kept` is dropped clean), it no
+/// longer counts as open, and the close is counted as `idle_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_for_idling_gives_back_its_upstream_socket_and_its_slot() {
+    use std::sync::atomic::Ordering;
+    let (up, accepted) = counting_upstream().await;
+    let e = env_with(
+        true,
+        "idle_timeout_ms = 300\nheader_read_timeout_ms = 300\nmax_connections = 2",
+        Some(up),
+    )
+    .await;
+    let addr = e.proxy.addr;
+    let mut a = TcpStream::connect(addr).await.unwrap();
+    a.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_until(&mut a, "hello").await.ends_with("hello"));
+    // A second connection that sends half a head again after its first request.
+    let mut b = TcpStream::connect(addr).await.unwrap();
+    b.write_all(b"GET /b HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_until(&mut b, "hello").await.ends_with("hello"));
+    b.write_all(b"GET /c HTTP/1.1\r\nho").await.unwrap();
+    assert!(closed_within(&mut a, Duration::from_secs(3)).await, "idle");
+    assert!(
+        closed_within(&mut b, Duration::from_secs(3)).await,
+        "slow later head"
+    );
+    // Both slots are free again (max_connections = 2): each new connection is served, on an
+    // upstream socket from the cache.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut served = 0;
+    while served < 2 {
+        let text = raw(
+            addr,
+            b"GET /d HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        if text.ends_with("hello") {
+            served += 1;
+        } else {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "a slot of a closed connection was never given back"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    assert!(
+        accepted.load(Ordering::SeqCst) <= 2,
+        "the idle connections' upstream sockets were not reused: {} dialed",
+        accepted.load(Ordering::SeqCst)
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let m = e.proxy.metrics().await;
+        let open = proxy_series(&m, "palisade_connections_open{listener=\"proxy\"}");
+        let idle = proxy_series(
+            &m,
+            "palisade_connections_closed_total{listener=\"proxy\",reason=\"idle_timeout\"}",
+        );
+        if open == 0.0 && idle >= 2.0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "open {open}, idle_timeout {idle}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A request whose head came in time is never cut by `header_read_timeout` or
+/// `idle_timeout`, however slowly its body comes: the connection is BUSY from `begin`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_request_body_is_not_cut_by_the_timeouts() {
+    for fast in [true, false] {
+        let e = env_with(
+            fast,
+            "idle_timeout_ms = 200\nheader_read_timeout_ms = 200",
+            None,
+        )
+        .await;
+        let mut s = TcpStream::connect(e.proxy.addr).await.unwrap();
+        s.write_all(b"POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: 10\r\n\r\n")
+            .await
+            .unwrap();
+        for _ in 0..5 {
+            tokio::time::sleep(Duration::from_millis(150)).await;
+            s.write_all(b"ab").await.unwrap();
+        }
+        let text = read_until(&mut s, "hello").await;
+        assert!(text.ends_with("hello"), "fast={fast}: {text:?}");
+        let seen = e.upstream.lock().unwrap().clone();
+        assert!(seen[0].ends_with("ababababab"), "fast={fast}: {seen:?}");
+    }
+}
+
+/// A stop that finds half a head which never completes: the connection is closed at the end
+/// of the grace, and the server's stop does not wait longer than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_never_completes_is_closed_at_the_end_of_the_grace() {
+    for fast in [true, false] {
+        let e = env_with(fast, "shutdown_grace_ms = 400", None).await;
+        let mut s = TcpStream::connect(e.proxy.addr).await.unwrap();
+        s.write_all(b"GET /x HTTP/1.1\r\nhost: a\r\n")
+            .await
+            .unwrap();
+        let text = raw(
+            e.proxy.addr,
+            b"GET /a HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(text.ends_with("hello"), "{text}");
+        let at = tokio::time::Instant::now();
+        let stopped = tokio::spawn(e.proxy.shutdown());
+        assert!(
+            closed_within(&mut s, Duration::from_secs(3)).await,
+            "fast={fast}: still open"
+        );
+        tokio::time::timeout(Duration::from_secs(3), stopped)
+            .await
+            .expect("stopped")
+            .unwrap();
+        let took = at.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_secs(4),
+            "fast={fast}: {took:?}"
+        );
+    }
+}

@@ -684,3 +684,14 @@ support::on_both_paths!(
     a_response_slower_than_the_idle_timeout_is_not_cut,
     strip_token_also_removes_the_token_from_request_trailers,
 );
+
+/// [`silent_partial_and_idle_connections_are_closed`] on a runtime with two workers: the fast
+/// path's sentry runs beside its connection's task, on another thread.
+async fn silent_partial_and_idle_connections_are_closed_on_two_workers() {
+    silent_partial_and_idle_connections_are_closed().await;
+}
+
+support::on_both_paths!(
+    #[flavor = "multi_thread", worker_threads = 2]
+    silent_partial_and_idle_connections_are_closed_on_two_workers,
+);

@@ -118,10 +118,12 @@ where
         drop(ended);
         if let Some(h) = handoff {
             // Boxed: hyper's connection is large, and most connections never get here.
-            let mut conn = Box::pin(make(h));
-            if watch.state.stop_asked() {
-                conn.as_mut().shutdown_gracefully();
-            }
+            // A stop asked before the hand-over is not passed on here: hyper's `auto`
+            // connection, asked to shut down before its first poll, cancels its version
+            // detection and drops the request the stop let finish. `Watch::drive` polls the
+            // connection first, then sees the stop (its receiver has not seen it) and shuts
+            // it down gracefully: the request is served with `Connection: close`.
+            let conn = Box::pin(make(h));
             watch.drive(conn).await;
         }
         drop(hold);

@@ -65,7 +65,7 @@ impl Watch {
                         None => timer.as_mut().reset(now + self.limits.idle_timeout),
                         Some((at, _)) if at > now => timer.as_mut().reset(at),
                         Some((_, why)) => {
-                            if !close(&state, &conn, why, &self) {
+                            if !close(&state, &conn, why, &self, now) {
                                 // A request began in the meantime.
                                 timer.as_mut().reset(now + self.limits.idle_timeout);
                                 continue;
@@ -79,9 +79,16 @@ impl Watch {
     }
 }
 
-/// Closes the waiting connection for `why`, counted; `false` when it is not waiting.
-fn close(state: &State, conn: &AbortHandle, why: Reason, watch: &Watch) -> bool {
+/// Closes the waiting connection for `why` (its deadline passed at `now`), counted; `false`
+/// when it is not waiting, or has just served a request.
+fn close(state: &State, conn: &AbortHandle, why: Reason, watch: &Watch, now: Instant) -> bool {
     if !state.try_close() {
+        return false;
+    }
+    // A whole request may have begun and ended since the deadline was read: the swap read
+    // the phase that request's end wrote, so its new idle time is seen here, and the
+    // connection is given back rather than closed for idling.
+    if matches!(state.deadline(&watch.limits), Some((at, _)) if at > now) && state.reopen() {
         return false;
     }
     match why {

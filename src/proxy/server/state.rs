@@ -140,6 +140,13 @@ impl State {
         self.mark_idle();
     }
 
+    /// The sentry gives back a connection it took for closing: `false` if it is not closing.
+    pub(super) fn reopen(&self) -> bool {
+        self.phase
+            .compare_exchange(CLOSING, WAITING, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+    }
+
     fn mark_idle(&self) {
         let nanos = u64::try_from(self.accepted.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.idle_since.store(nanos, Ordering::Relaxed);
