@@ -53,7 +53,9 @@ const READ_SIZE: usize = 4 * 1024;
 /// Serves `conn` on the fast path, with the configuration current at each request; hands it
 /// to hyper when a request is not for the fast path.
 pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
-    Box::pin(async move {
+    // `run`'s own future, boxed as is: no async block around it, whose state each poll would
+    // also go through.
+    Box::pin(
         Conn {
             client: conn.stream,
             peer: conn.peer,
@@ -68,9 +70,8 @@ pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> 
             fields: FieldStore::default(),
             abort_watch: AbortWatch::default(),
         }
-        .run(&current)
-        .await
-    })
+        .run(current),
+    )
 }
 
 /// The connection's own upstream socket between two of its requests; it goes back to its
@@ -122,7 +123,7 @@ impl Conn {
     /// Between two requests nothing but the client's socket is waited for: a connection that
     /// idles too long, or is waiting when the server stops, is closed by its sentry (see
     /// [`Activity`]), which never cuts a request once [`Activity::begin`] took it.
-    async fn run(mut self, current: &ArcSwap<Proxy>) -> Option<Handoff> {
+    async fn run(mut self, current: Arc<ArcSwap<Proxy>>) -> Option<Handoff> {
         loop {
             let head = loop {
                 match head::parse(&self.buf[self.start..], self.max_head, &mut self.fields) {
