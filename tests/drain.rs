@@ -1329,3 +1329,564 @@ support::on_both_paths!(
     stress_no_lower_token_completes_after_a_higher_one_started,
     a_request_delivered_whole_is_waited_for_when_the_drain_runs_out,
 );
+
+// ------------------------------------------------------------------------------------------
+// drain::AbortWatch (the fast path's standing registration for a mark's abort): the abort
+// must reach requests of kept-alive connections whatever that connection did before under
+// this or other marks.
+
+/// A kept-alive client connection and its requests, one at a time.
+struct KeptConn {
+    s: TcpStream,
+}
+
+impl KeptConn {
+    async fn open(addr: SocketAddr) -> KeptConn {
+        let s = TcpStream::connect(addr).await.unwrap();
+        s.set_nodelay(true).unwrap();
+        KeptConn { s }
+    }
+
+    /// Sends the head of a `len`-byte POST to `path` and the first `now` body bytes.
+    async fn start(&mut self, path: &str, token: u64, id: &str, len: usize, now: usize) {
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nx-fencing-token: {token}\r\nx-id: {id}\r\n\
+             content-length: {len}\r\n\r\n"
+        );
+        let mut bytes = head.into_bytes();
+        bytes.extend(std::iter::repeat_n(b'x', now));
+        self.s.write_all(&bytes).await.unwrap();
+    }
+
+    /// One whole request, answered 200.
+    async fn whole(&mut self, path: &str, token: u64, id: &str) {
+        self.start(path, token, id, 10, 10).await;
+        let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut self.s))
+            .await
+            .unwrap_or_else(|_| Err("timeout".to_owned()));
+        assert_eq!(r.as_ref().map(|r| r.0), Ok(200), "{id}: {r:?}");
+    }
+
+    /// The answer to a request aborted mid-body: anything but a 200, and soon.
+    async fn aborted(&mut self, id: &str) {
+        let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut self.s))
+            .await
+            .unwrap_or_else(|_| {
+                panic!("{id}: the aborted request's client was neither answered nor cut")
+            });
+        assert_ne!(r.as_ref().map(|r| r.0), Ok(200), "{id}: {r:?}");
+    }
+}
+
+/// Asserts that `id` was aborted at the upstream: its body ended early, it never completed,
+/// and the upstream got no more than `got` bytes of it even after the client sent the rest.
+async fn assert_gone(up: &Recorder, id: &str, got: u64) {
+    wait_until(
+        &format!("{id}'s body to end early at the upstream"),
+        Duration::from_secs(5),
+        || up.rec.find(id, Kind::Gone).is_some(),
+    )
+    .await;
+    assert!(
+        up.rec.find(id, Kind::Complete).is_none(),
+        "{id} completed at the upstream: {:#?}",
+        up.rec.events()
+    );
+    assert_eq!(up.rec.received(id), got, "{id}: bytes at the upstream");
+}
+
+/// A connection registered for mark 2 (its first request) serves a request under mark 3, which
+/// stalls mid-body; mark 4's drain runs out: the abort must reach it.
+async fn an_abort_reaches_a_kept_connection_that_moved_to_a_newer_mark() {
+    let (up, proxy, _dir) = setup(100, Some(1)).await;
+    let mut kept = KeptConn::open(proxy.addr).await;
+    kept.whole("/orders/k", 2, "k-2").await;
+    // Mark 3, nothing in flight: no abort (mark 2's generation is only superseded).
+    let (adv, _) = post_now(proxy.addr, "/orders/k", 3, "adv-3", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    kept.start("/orders/k", 3, "k-3", 10, 5).await;
+    wait_until("k-3 at the upstream", Duration::from_secs(5), || {
+        up.rec.received("k-3") == 5
+    })
+    .await;
+    let (adv, _) = post_now(proxy.addr, "/orders/k", 4, "adv-4", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    kept.aborted("k-3").await;
+    let _ = kept.s.write_all(b"yyyyy").await;
+    assert_gone(&up, "k-3", 5).await;
+    assert_eq!(drain_metrics(&proxy, "orders").await.aborted, 1.0);
+}
+
+/// Short connections under mark 2, `n` at once: their registrations are taken and given back
+/// in an interleaved order (slab keys freed and reused around the kept ones').
+async fn burst(addr: SocketAddr, n: usize, prefix: &str) {
+    let all: Vec<_> = (0..n)
+        .map(|i| {
+            let id = format!("{prefix}-{i}");
+            tokio::spawn(async move { post_now(addr, "/orders/m", 2, &id, b"0123456789").await.0 })
+        })
+        .collect();
+    for r in all {
+        assert_eq!(r.await.unwrap().map(|r| r.0), Ok(200));
+    }
+}
+
+/// Connections registered for mark 2 by a first request while short connections come and go
+/// under the same mark in bursts (their registrations taken and given back: slab keys freed
+/// and reused around the kept ones), a third of the kept ones close, more kept ones come; then
+/// every remaining kept connection stalls a second request mid-body and mark 3's drain must
+/// abort them all.
+async fn an_abort_reaches_every_kept_connection_after_others_came_and_went() {
+    let (up, proxy, _dir) = setup(150, Some(1)).await;
+    let mut kept = Vec::new();
+    for i in 0..12 {
+        let mut c = KeptConn::open(proxy.addr).await;
+        c.whole("/orders/m", 2, &format!("first-{i}")).await;
+        kept.push(c);
+        burst(proxy.addr, 1 + i % 4, &format!("short-{i}")).await;
+    }
+    // Close every third kept connection (their registrations go), then more short ones and
+    // more kept ones.
+    let mut kept: Vec<KeptConn> = kept
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, c)| (i % 3 != 0).then_some(c))
+        .collect();
+    for i in 0..6 {
+        burst(proxy.addr, 5, &format!("later-{i}")).await;
+        let mut c = KeptConn::open(proxy.addr).await;
+        c.whole("/orders/m", 2, &format!("late-first-{i}")).await;
+        kept.push(c);
+    }
+    burst(proxy.addr, 8, "last").await;
+    for (i, c) in kept.iter_mut().enumerate() {
+        c.start("/orders/m", 2, &format!("second-{i}"), 10, 5).await;
+    }
+    for i in 0..kept.len() {
+        let id = format!("second-{i}");
+        wait_until(&id, Duration::from_secs(5), || up.rec.received(&id) == 5).await;
+    }
+    let (adv, _) = post_now(proxy.addr, "/orders/m", 3, "adv-3", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    for (i, c) in kept.iter_mut().enumerate() {
+        c.aborted(&format!("second-{i}")).await;
+        let _ = c.s.write_all(b"yyyyy").await;
+    }
+    for i in 0..kept.len() {
+        assert_gone(&up, &format!("second-{i}"), 5).await;
+    }
+    assert_eq!(
+        drain_metrics(&proxy, "orders").await.aborted,
+        kept.len() as f64
+    );
+}
+
+/// A connection serves a request of resource `orders` (registered for its mark), one of
+/// resource `stock` (registered for that one instead), then an `orders` request that stalls
+/// mid-body: `orders`' next drain must abort it. Then a new connection: an `orders`
+/// request, then a `stock` one that stalls: `stock`'s drain must abort it.
+async fn an_abort_reaches_a_kept_connection_that_served_another_resource_in_between() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let up = recorder().await;
+    let text = support::render(CONFIG, up.addr, &marks).replace("{drain}", "100")
+        + r#"
+[[route]]
+name = "stock"
+upstream = "rec"
+path_prefix = "/stock"
+resource = "stock"
+drain_timeout_ms = 100
+"#;
+    let proxy = support::proxy(&text, dir.path()).await;
+    let mut kept = KeptConn::open(proxy.addr).await;
+    kept.whole("/orders/x", 2, "o-1").await;
+    kept.whole("/stock/x", 7, "s-1").await;
+    kept.start("/orders/x", 2, "o-2", 10, 5).await;
+    wait_until("o-2 at the upstream", Duration::from_secs(5), || {
+        up.rec.received("o-2") == 5
+    })
+    .await;
+    let (adv, _) = post_now(proxy.addr, "/orders/x", 3, "o-adv", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    kept.aborted("o-2").await;
+    let _ = kept.s.write_all(b"yyyyy").await;
+    assert_gone(&up, "o-2", 5).await;
+
+    let mut kept = KeptConn::open(proxy.addr).await;
+    kept.whole("/orders/x", 3, "o-3").await;
+    kept.start("/stock/x", 7, "s-3", 10, 5).await;
+    wait_until("s-3 at the upstream", Duration::from_secs(5), || {
+        up.rec.received("s-3") == 5
+    })
+    .await;
+    let (adv, _) = post_now(proxy.addr, "/stock/x", 8, "s-adv", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    kept.aborted("s-3").await;
+    let _ = kept.s.write_all(b"yyyyy").await;
+    assert_gone(&up, "s-3", 5).await;
+    assert_eq!(drain_metrics(&proxy, "orders").await.aborted, 1.0);
+    assert_eq!(drain_metrics(&proxy, "stock").await.aborted, 1.0);
+}
+
+/// A kept connection's second request goes out whole and is applied 400 ms later; the drain
+/// (100 ms) runs out meanwhile: the answer is relayed whole (200), and the connection, kept,
+/// serves a request under the new mark that stalls mid-body; the next drain must abort that
+/// one (the connection's registration was for the aborted mark).
+async fn after_a_delivered_request_outlived_an_abort_the_next_abort_reaches_the_connection() {
+    let (up, proxy, _dir) = setup(100, Some(1)).await;
+    let mut kept = KeptConn::open(proxy.addr).await;
+    kept.whole("/orders/d", 2, "d-1").await;
+    kept.s
+        .write_all(
+            b"POST /orders/d HTTP/1.1\r\nhost: x\r\nx-fencing-token: 2\r\nx-id: d-2\r\n\
+              x-apply-after-ms: 400\r\ncontent-length: 10\r\n\r\n0123456789",
+        )
+        .await
+        .unwrap();
+    wait_until("d-2 read whole", Duration::from_secs(5), || {
+        up.rec.received("d-2") == 10
+    })
+    .await;
+    let (adv, _) = post_now(proxy.addr, "/orders/d", 3, "adv-3", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut kept.s))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.map(|r| r.0),
+        Ok(200),
+        "a delivered request is relayed whole"
+    );
+    kept.start("/orders/d", 3, "d-3", 10, 5).await;
+    wait_until("d-3 at the upstream", Duration::from_secs(5), || {
+        up.rec.received("d-3") == 5
+    })
+    .await;
+    let (adv, _) = post_now(proxy.addr, "/orders/d", 4, "adv-4", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    kept.aborted("d-3").await;
+    let _ = kept.s.write_all(b"yyyyy").await;
+    assert_gone(&up, "d-3", 5).await;
+}
+
+/// Eight kept-alive clients for 4 s, each sending request after request on one connection
+/// (a new one only when the proxy closed it): tokens from a shared counter (a fifth advance),
+/// bodies in 2-4 pieces 5-40 ms apart (a few with a 1.3 s pause), a 30 ms drain time. At the upstream, no request
+/// completes after a request with a higher token started; every request is answered.
+async fn stress_kept_connections_no_lower_token_completes_after_a_higher_one_started() {
+    let (up, proxy, _dir) = setup(30, None).await;
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    println!("kept stress seed {seed}");
+    let newest = Arc::new(AtomicU64::new(1));
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let addr = proxy.addr;
+    let mut tasks = Vec::new();
+    for task in 0..8u64 {
+        let newest = newest.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng(seed.wrapping_mul(task * 2 + 1).wrapping_add(task) | 1);
+            let (mut n, mut answered, mut reconnects) = (0u64, 0u64, 0u64);
+            let mut c = KeptConn::open(addr).await;
+            while Instant::now() < deadline {
+                n += 1;
+                let id = format!("{task}-{n}");
+                let token = match rng.below(100) {
+                    0..=19 => newest.fetch_add(1, SeqCst) + 1,
+                    _ => newest.load(SeqCst),
+                };
+                let pieces = 2 + rng.below(3) as usize;
+                // A few zombies: a pause longer than the drain time and the abort grace
+                // together, so that an abort that does not reach them lets them complete
+                // after a newer owner's request started.
+                let zombie = rng.below(100) < 8;
+                c.start("/orders/s", token, &id, pieces * 20, 0).await;
+                let mut failed = false;
+                for p in 0..pieces {
+                    if c.s.write_all(&[b'x'; 20]).await.is_err() {
+                        failed = true;
+                        break;
+                    }
+                    if p + 1 < pieces {
+                        let pause = if zombie && p == 0 {
+                            1300
+                        } else {
+                            5 + rng.below(36)
+                        };
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                    }
+                }
+                let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut c.s)).await;
+                let r = r.unwrap_or_else(|_| {
+                    panic!("{id} (token {token}) got no answer in 5 s (write failed: {failed})")
+                });
+                answered += 1;
+                if r.map(|r| r.0) != Ok(200) {
+                    c = KeptConn::open(addr).await;
+                    reconnects += 1;
+                }
+            }
+            (answered, reconnects)
+        }));
+    }
+    let (mut answered, mut reconnects) = (0, 0);
+    for t in tasks {
+        let (a, r) = t.await.unwrap();
+        answered += a;
+        reconnects += r;
+    }
+    let started: Vec<String> = up
+        .rec
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == Kind::Start)
+        .map(|e| e.id)
+        .collect();
+    wait_until(
+        "every request to end at the upstream",
+        Duration::from_secs(5),
+        || {
+            let ev = up.rec.events();
+            started.iter().all(|id| {
+                ev.iter()
+                    .any(|e| &e.id == id && matches!(e.kind, Kind::Complete | Kind::Gone))
+            })
+        },
+    )
+    .await;
+    let events = up.rec.events();
+    let mut highest: Option<&Ev> = None;
+    for e in &events {
+        match e.kind {
+            Kind::Start => {
+                if highest.is_none_or(|h| e.token > h.token) {
+                    highest = Some(e);
+                }
+            }
+            Kind::Complete => {
+                if let Some(h) = highest {
+                    assert!(
+                        e.token >= h.token,
+                        "request {} with token {} completed at seq {} after request {} with \
+                         token {} started at seq {} (seed {seed})",
+                        e.id,
+                        e.token,
+                        e.seq,
+                        h.id,
+                        h.token,
+                        h.seq
+                    );
+                }
+            }
+            Kind::Gone => {}
+        }
+    }
+    let m = drain_metrics(&proxy, "orders").await;
+    println!(
+        "kept stress: {answered} answered, {reconnects} reconnects, drains {} (timed out {}, \
+         aborted {})",
+        m.count, m.timeouts, m.aborted
+    );
+    assert!(
+        m.aborted >= 1.0,
+        "nothing was aborted: the stress did not stress"
+    );
+    // An abort that reached every aborted request ends its drain at once: none waits out the
+    // abort grace (1 s) for a request that did not notice it.
+    let text = proxy.metrics().await;
+    let within_1s = text
+        .lines()
+        .find(|l| {
+            l.starts_with("palisade_drain_duration_seconds_bucket{")
+                && l.contains("resource=\"orders\"")
+                && l.contains("le=\"1\"")
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .expect("the drain duration histogram");
+    assert_eq!(
+        within_1s,
+        m.count,
+        "{} of {} drains waited out the abort grace: an abort did not reach its request",
+        m.count - within_1s,
+        m.count
+    );
+}
+
+support::on_both_paths!(
+    #[flavor = "multi_thread", worker_threads = 2]
+    an_abort_reaches_a_kept_connection_that_moved_to_a_newer_mark,
+    an_abort_reaches_every_kept_connection_after_others_came_and_went,
+    an_abort_reaches_a_kept_connection_that_served_another_resource_in_between,
+    after_a_delivered_request_outlived_an_abort_the_next_abort_reaches_the_connection,
+    stress_kept_connections_no_lower_token_completes_after_a_higher_one_started,
+);
+
+/// What the early-answering upstream saw of one request: body bytes read, and whether the
+/// connection it came on was closed by the proxy.
+#[derive(Clone, Default)]
+struct EarlyLog(Arc<Mutex<HashMap<String, (u64, bool)>>>);
+
+impl EarlyLog {
+    fn get(&self, id: &str) -> (u64, bool) {
+        self.0.lock().unwrap().get(id).copied().unwrap_or_default()
+    }
+}
+
+/// A raw HTTP/1.1 upstream: a request whose `x-id` starts with `early` is answered as soon as
+/// a first body byte came (a 1000-byte response of which only 10 bytes are sent, then
+/// nothing), and its connection is then only read until the proxy closes it; any other
+/// request is read whole and answered `ok`.
+async fn early_upstream() -> (SocketAddr, EarlyLog) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let log = EarlyLog::default();
+    let l = log.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let log = l.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let field = |name: &str| {
+                        head.lines().find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            (k.trim() == name).then(|| v.trim().to_owned())
+                        })
+                    };
+                    let len: u64 = field("content-length")
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0);
+                    let id = field("x-id").unwrap_or_default();
+                    buf.drain(..end);
+                    if id.starts_with("early") {
+                        while buf.is_empty() {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                            }
+                        }
+                        let mut got = buf.len() as u64;
+                        log.0.lock().unwrap().insert(id.clone(), (got, false));
+                        let _ = s
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1000\r\n\r\n0123456789")
+                            .await;
+                        loop {
+                            match s.read(&mut chunk).await {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    got += n as u64;
+                                    log.0.lock().unwrap().insert(id.clone(), (got, false));
+                                }
+                            }
+                        }
+                        log.0.lock().unwrap().insert(id, (got, true));
+                        return;
+                    }
+                    while (buf.len() as u64) < len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..len as usize);
+                    log.0.lock().unwrap().insert(id, (len, false));
+                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, log)
+}
+
+/// The upstream answers a kept connection's second request before its body is whole (an early
+/// answer: the request was not delivered) and then stalls mid-response; a newer owner's drain
+/// runs out: the abort must cut the relay (the client sees its connection end before the
+/// response's end), close the upstream connection with half the body, and let the newer
+/// owner through.
+async fn an_abort_cuts_the_relay_of_an_early_answer_on_a_kept_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    write_mark(&marks, "orders", 1);
+    let (up, log) = early_upstream().await;
+    let text = support::render(CONFIG, up, &marks).replace("{drain}", "100");
+    let proxy = support::proxy(&text, dir.path()).await;
+    let mut kept = KeptConn::open(proxy.addr).await;
+    kept.whole("/orders/e", 2, "first").await;
+    kept.start("/orders/e", 2, "early-2", 10, 5).await;
+    // The response head and its first 10 bytes reach the client.
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = tokio::time::timeout(Duration::from_secs(5), kept.s.read(&mut chunk))
+            .await
+            .expect("the early answer's head")
+            .unwrap();
+        assert!(n > 0, "closed before the early answer's head");
+        got.extend_from_slice(&chunk[..n]);
+    };
+    assert!(
+        got.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&got)
+    );
+    while got.len() < head_end + 10 {
+        let n = kept.s.read(&mut chunk).await.unwrap();
+        assert!(n > 0);
+        got.extend_from_slice(&chunk[..n]);
+    }
+    let (adv, _) = post_now(proxy.addr, "/orders/e", 3, "adv-3", b"0123456789").await;
+    assert_eq!(adv.map(|r| r.0), Ok(200));
+    // The cut: the connection ends (EOF or reset) well before 1000 body bytes.
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match kept.s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return got.len() - head_end,
+                Ok(n) => got.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await
+    .expect("the aborted relay was not cut");
+    assert!(end < 1000, "{end} body bytes relayed");
+    let _ = kept.s.write_all(b"yyyyy").await;
+    wait_until(
+        "the upstream connection closed",
+        Duration::from_secs(5),
+        || log.get("early-2").1,
+    )
+    .await;
+    assert_eq!(
+        log.get("early-2").0,
+        5,
+        "the upstream got more than half the body"
+    );
+}
+
+support::on_both_paths!(
+    #[flavor = "multi_thread", worker_threads = 2]
+    an_abort_cuts_the_relay_of_an_early_answer_on_a_kept_connection,
+);

@@ -22,10 +22,18 @@ pub(super) struct Watchers(Mutex<Slab<Waker>>);
 
 impl Watchers {
     /// Wakes every registered task (the registrations stay: each is removed by its owner).
+    /// The wakers are woken after the lock is let go: a woken task that ends at once on
+    /// another thread removes its registration without waiting for the others' wake-ups.
     pub(super) fn wake_all(&self) {
-        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        for (_, w) in all.iter() {
-            w.wake_by_ref();
+        let all: Vec<Waker> = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(_, w)| w.clone())
+            .collect();
+        for w in all {
+            w.wake();
         }
     }
 
@@ -63,6 +71,18 @@ impl Drop for Registered {
 }
 
 impl AbortWatch {
+    /// Lets go of the registration if its generation was replaced by a newer one (whose own
+    /// requests register afresh): an idle connection does not keep an old generation alive.
+    pub fn release_if_superseded(&mut self) {
+        if self.0.as_ref().is_some_and(|r| {
+            r.generation
+                .superseded
+                .load(std::sync::atomic::Ordering::Relaxed)
+        }) {
+            self.0 = None;
+        }
+    }
+
     /// Ready once `generation` is aborted. Otherwise makes sure this task is registered with
     /// `generation` (a new registration only for a new generation or a new waker).
     ///

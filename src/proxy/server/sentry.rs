@@ -82,13 +82,14 @@ impl Watch {
 /// Closes the waiting connection for `why` (its deadline passed at `now`), counted; `false`
 /// when it is not waiting, or has just served a request.
 fn close(state: &State, conn: &AbortHandle, why: Reason, watch: &Watch, now: Instant) -> bool {
-    if !state.try_close() {
+    let Some(was) = state.try_close() else {
         return false;
-    }
+    };
     // A whole request may have begun and ended since the deadline was read: the swap read
     // the phase that request's end wrote, so its new idle time is seen here, and the
-    // connection is given back rather than closed for idling.
-    if matches!(state.deadline(&watch.limits), Some((at, _)) if at > now) && state.reopen() {
+    // connection is given back rather than closed for idling. (A request that comes in the
+    // short while it is taken finds it closing, and is not served: the race of any close.)
+    if matches!(state.deadline(&watch.limits), Some((at, _)) if at > now) && state.reopen(was) {
         return false;
     }
     match why {

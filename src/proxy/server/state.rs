@@ -129,9 +129,14 @@ impl State {
     }
 
     /// The sentry takes a connection that waits for a request head (none or part of it read)
-    /// for closing: `false` while a request is served (or the connection went to hyper).
-    pub(super) fn try_close(&self) -> bool {
-        self.leave_waiting(CLOSING)
+    /// for closing: the phase it was in, `None` while a request is served (or the connection
+    /// went to hyper).
+    pub(super) fn try_close(&self) -> Option<u8> {
+        [WAITING, PARTIAL].into_iter().find(|&from| {
+            self.phase
+                .compare_exchange(from, CLOSING, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+        })
     }
 
     /// The HTTP/2 preface arrived: the fresh phase is over, and the connection idle.
@@ -140,10 +145,11 @@ impl State {
         self.mark_idle();
     }
 
-    /// The sentry gives back a connection it took for closing: `false` if it is not closing.
-    pub(super) fn reopen(&self) -> bool {
+    /// The sentry gives back a connection it took for closing, in the phase it took it from
+    /// (`try_close`'s): `false` if it is not closing.
+    pub(super) fn reopen(&self, phase: u8) -> bool {
         self.phase
-            .compare_exchange(CLOSING, WAITING, Ordering::SeqCst, Ordering::Relaxed)
+            .compare_exchange(CLOSING, phase, Ordering::SeqCst, Ordering::Relaxed)
             .is_ok()
     }
 

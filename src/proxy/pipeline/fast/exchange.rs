@@ -151,12 +151,20 @@ impl Conn {
         };
         let grpc2 = grpc.clone();
         let answer = match sent {
+            // In both failures the upstream socket is closed (the exchange is dropped, or it
+            // failed): nothing more of this request can reach the upstream, so its ticket goes
+            // back before the answer is written, and a drain does not wait on a client that
+            // does not read it.
             None => {
+                drop(ticket.take());
+                drop(inflight);
                 let refused = proxy.aborted(route, token, grpc, self.peer.addr, started, note);
                 return self.answer_failed(refused, head_request, logged).await;
             }
             Some(Err(Failed::ClientGone)) => return After::Close,
             Some(Err(Failed::Upstream(rejection))) => {
+                drop(ticket.take());
+                drop(inflight);
                 let m = &route.metrics;
                 m.duration.observe(started.elapsed().as_secs_f64());
                 let refused = proxy.upstream_failed(
@@ -203,6 +211,9 @@ impl Conn {
         drop(ticket);
         drop(inflight);
         self.abort_watch = watch;
+        // A mark already replaced will not be aborted again for this connection's requests:
+        // its registration (and the generation it keeps) is let go now, not at the next one.
+        self.abort_watch.release_if_superseded();
         if let Some(l) = logged {
             l.answered(status);
         }
