@@ -397,6 +397,59 @@ async fn post_now(
     (r, started.elapsed())
 }
 
+/// Waits until every request that started at the upstream ended there (aborted ones
+/// included), then checks the guarantee at the upstream: in sequence order, a completion's
+/// token is at least the highest token whose request had started by then. Returns the events.
+async fn every_request_ended_in_token_order(up: &Recorder, seed: u64) -> Vec<Ev> {
+    let started: Vec<String> = up
+        .rec
+        .events()
+        .into_iter()
+        .filter(|e| e.kind == Kind::Start)
+        .map(|e| e.id)
+        .collect();
+    wait_until(
+        "every request to end at the upstream",
+        Duration::from_secs(5),
+        || {
+            let ev = up.rec.events();
+            started.iter().all(|id| {
+                ev.iter()
+                    .any(|e| &e.id == id && matches!(e.kind, Kind::Complete | Kind::Gone))
+            })
+        },
+    )
+    .await;
+    let events = up.rec.events();
+    let mut highest: Option<&Ev> = None;
+    for e in &events {
+        match e.kind {
+            Kind::Start => {
+                if highest.is_none_or(|h| e.token > h.token) {
+                    highest = Some(e);
+                }
+            }
+            Kind::Complete => {
+                if let Some(h) = highest {
+                    assert!(
+                        e.token >= h.token,
+                        "request {} with token {} completed at seq {} after request {} with \
+                         token {} started at seq {} (seed {seed})",
+                        e.id,
+                        e.token,
+                        e.seq,
+                        h.id,
+                        h.token,
+                        h.seq
+                    );
+                }
+            }
+            Kind::Gone => {}
+        }
+    }
+    events
+}
+
 /// Polls `f` every 5 ms until it holds; fails the test after `limit`.
 async fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
@@ -1033,56 +1086,7 @@ async fn stress_no_lower_token_completes_after_a_higher_one_started() {
     for t in tasks {
         sent.extend(t.await.unwrap());
     }
-    // Let the upstream log the end of every request (aborted ones included).
-    let started: Vec<String> = up
-        .rec
-        .events()
-        .into_iter()
-        .filter(|e| e.kind == Kind::Start)
-        .map(|e| e.id)
-        .collect();
-    wait_until(
-        "every request to end at the upstream",
-        Duration::from_secs(5),
-        || {
-            let ev = up.rec.events();
-            started.iter().all(|id| {
-                ev.iter()
-                    .any(|e| &e.id == id && matches!(e.kind, Kind::Complete | Kind::Gone))
-            })
-        },
-    )
-    .await;
-
-    // The guarantee, at the upstream: in sequence order, a completion's token is at least the
-    // highest token whose request had started by then.
-    let events = up.rec.events();
-    let mut highest: Option<&Ev> = None;
-    for e in &events {
-        match e.kind {
-            Kind::Start => {
-                if highest.is_none_or(|h| e.token > h.token) {
-                    highest = Some(e);
-                }
-            }
-            Kind::Complete => {
-                if let Some(h) = highest {
-                    assert!(
-                        e.token >= h.token,
-                        "request {} with token {} completed at seq {} after request {} with \
-                         token {} started at seq {} (seed {seed})",
-                        e.id,
-                        e.token,
-                        e.seq,
-                        h.id,
-                        h.token,
-                        h.seq
-                    );
-                }
-            }
-            Kind::Gone => {}
-        }
-    }
+    let events = every_request_ended_in_token_order(&up, seed).await;
 
     let by_id: HashMap<&str, Vec<Kind>> = events.iter().fold(HashMap::new(), |mut m, e| {
         m.entry(e.id.as_str()).or_default().push(e.kind);
@@ -1368,6 +1372,30 @@ impl KeptConn {
     }
 
     /// The answer to a request aborted mid-body: anything but a 200, and soon.
+    /// `id`, stalled on this connection with 5 of its 10 body bytes at the upstream, is
+    /// aborted by an advance to `token` on `path`: its client gets no 200, and the rest of its
+    /// body, sent now, never reaches the upstream.
+    async fn aborted_by_advance(
+        &mut self,
+        up: &Recorder,
+        addr: SocketAddr,
+        path: &str,
+        token: u64,
+        id: &str,
+    ) {
+        wait_until(
+            &format!("{id} at the upstream"),
+            Duration::from_secs(5),
+            || up.rec.received(id) == 5,
+        )
+        .await;
+        let (adv, _) = post_now(addr, path, token, &format!("adv-{id}"), b"0123456789").await;
+        assert_eq!(adv.map(|r| r.0), Ok(200));
+        self.aborted(id).await;
+        let _ = self.s.write_all(b"yyyyy").await;
+        assert_gone(up, id, 5).await;
+    }
+
     async fn aborted(&mut self, id: &str) {
         let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut self.s))
             .await
@@ -1405,15 +1433,8 @@ async fn an_abort_reaches_a_kept_connection_that_moved_to_a_newer_mark() {
     let (adv, _) = post_now(proxy.addr, "/orders/k", 3, "adv-3", b"0123456789").await;
     assert_eq!(adv.map(|r| r.0), Ok(200));
     kept.start("/orders/k", 3, "k-3", 10, 5).await;
-    wait_until("k-3 at the upstream", Duration::from_secs(5), || {
-        up.rec.received("k-3") == 5
-    })
-    .await;
-    let (adv, _) = post_now(proxy.addr, "/orders/k", 4, "adv-4", b"0123456789").await;
-    assert_eq!(adv.map(|r| r.0), Ok(200));
-    kept.aborted("k-3").await;
-    let _ = kept.s.write_all(b"yyyyy").await;
-    assert_gone(&up, "k-3", 5).await;
+    kept.aborted_by_advance(&up, proxy.addr, "/orders/k", 4, "k-3")
+        .await;
     assert_eq!(drain_metrics(&proxy, "orders").await.aborted, 1.0);
 }
 
@@ -1503,28 +1524,14 @@ drain_timeout_ms = 100
     kept.whole("/orders/x", 2, "o-1").await;
     kept.whole("/stock/x", 7, "s-1").await;
     kept.start("/orders/x", 2, "o-2", 10, 5).await;
-    wait_until("o-2 at the upstream", Duration::from_secs(5), || {
-        up.rec.received("o-2") == 5
-    })
-    .await;
-    let (adv, _) = post_now(proxy.addr, "/orders/x", 3, "o-adv", b"0123456789").await;
-    assert_eq!(adv.map(|r| r.0), Ok(200));
-    kept.aborted("o-2").await;
-    let _ = kept.s.write_all(b"yyyyy").await;
-    assert_gone(&up, "o-2", 5).await;
+    kept.aborted_by_advance(&up, proxy.addr, "/orders/x", 3, "o-2")
+        .await;
 
     let mut kept = KeptConn::open(proxy.addr).await;
     kept.whole("/orders/x", 3, "o-3").await;
     kept.start("/stock/x", 7, "s-3", 10, 5).await;
-    wait_until("s-3 at the upstream", Duration::from_secs(5), || {
-        up.rec.received("s-3") == 5
-    })
-    .await;
-    let (adv, _) = post_now(proxy.addr, "/stock/x", 8, "s-adv", b"0123456789").await;
-    assert_eq!(adv.map(|r| r.0), Ok(200));
-    kept.aborted("s-3").await;
-    let _ = kept.s.write_all(b"yyyyy").await;
-    assert_gone(&up, "s-3", 5).await;
+    kept.aborted_by_advance(&up, proxy.addr, "/stock/x", 8, "s-3")
+        .await;
     assert_eq!(drain_metrics(&proxy, "orders").await.aborted, 1.0);
     assert_eq!(drain_metrics(&proxy, "stock").await.aborted, 1.0);
 }
@@ -1559,15 +1566,8 @@ async fn after_a_delivered_request_outlived_an_abort_the_next_abort_reaches_the_
         "a delivered request is relayed whole"
     );
     kept.start("/orders/d", 3, "d-3", 10, 5).await;
-    wait_until("d-3 at the upstream", Duration::from_secs(5), || {
-        up.rec.received("d-3") == 5
-    })
-    .await;
-    let (adv, _) = post_now(proxy.addr, "/orders/d", 4, "adv-4", b"0123456789").await;
-    assert_eq!(adv.map(|r| r.0), Ok(200));
-    kept.aborted("d-3").await;
-    let _ = kept.s.write_all(b"yyyyy").await;
-    assert_gone(&up, "d-3", 5).await;
+    kept.aborted_by_advance(&up, proxy.addr, "/orders/d", 4, "d-3")
+        .await;
 }
 
 /// Eight kept-alive clients for 4 s, each sending request after request on one connection
@@ -1639,52 +1639,7 @@ async fn stress_kept_connections_no_lower_token_completes_after_a_higher_one_sta
         answered += a;
         reconnects += r;
     }
-    let started: Vec<String> = up
-        .rec
-        .events()
-        .into_iter()
-        .filter(|e| e.kind == Kind::Start)
-        .map(|e| e.id)
-        .collect();
-    wait_until(
-        "every request to end at the upstream",
-        Duration::from_secs(5),
-        || {
-            let ev = up.rec.events();
-            started.iter().all(|id| {
-                ev.iter()
-                    .any(|e| &e.id == id && matches!(e.kind, Kind::Complete | Kind::Gone))
-            })
-        },
-    )
-    .await;
-    let events = up.rec.events();
-    let mut highest: Option<&Ev> = None;
-    for e in &events {
-        match e.kind {
-            Kind::Start => {
-                if highest.is_none_or(|h| e.token > h.token) {
-                    highest = Some(e);
-                }
-            }
-            Kind::Complete => {
-                if let Some(h) = highest {
-                    assert!(
-                        e.token >= h.token,
-                        "request {} with token {} completed at seq {} after request {} with \
-                         token {} started at seq {} (seed {seed})",
-                        e.id,
-                        e.token,
-                        e.seq,
-                        h.id,
-                        h.token,
-                        h.seq
-                    );
-                }
-            }
-            Kind::Gone => {}
-        }
-    }
+    every_request_ended_in_token_order(&up, seed).await;
     let m = drain_metrics(&proxy, "orders").await;
     println!(
         "kept stress: {answered} answered, {reconnects} reconnects, drains {} (timed out {}, \

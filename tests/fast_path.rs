@@ -7,6 +7,8 @@
 
 mod support;
 
+use support::closed_within;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -179,9 +181,16 @@ struct Env {
 }
 
 async fn env(fast: bool) -> Env {
-    let (addr, upstream, held) = raw_upstream().await;
+    env_with(fast, "", None).await
+}
+
+/// [`env`] with extra `[proxy]` keys, in front of the upstream at `up` (the raw upstream when
+/// `None`).
+async fn env_with(fast: bool, proxy_extra: &str, up: Option<SocketAddr>) -> Env {
+    let (raw_addr, upstream, held) = raw_upstream().await;
     let dir = tempfile::tempdir().unwrap();
-    let text = support::render(CONFIG, addr, dir.path()).replace("FAST", &fast.to_string());
+    let text = support::render(CONFIG, up.unwrap_or(raw_addr), dir.path())
+        .replace("FAST", &format!("{fast}\n{proxy_extra}"));
     let proxy = support::proxy(&text, dir.path()).await;
     Env {
         proxy,
@@ -488,6 +497,16 @@ async fn a_response_already_waiting_keeps_the_connection_open() {
     }
 }
 
+/// A kept-alive connection that was answered one request and now idles.
+async fn kept_idle(addr: SocketAddr) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_until(&mut s, "hello").await.ends_with("hello"));
+    s
+}
+
 /// Reads from `s` until `end` has arrived, the connection closed, or 5 s passed.
 async fn read_until(s: &mut TcpStream, end: &str) -> String {
     let mut got = Vec::new();
@@ -514,14 +533,7 @@ async fn a_stop_closes_waiting_connections_at_once_and_finishes_the_requests_beg
     for fast in [true, false] {
         let e = env(fast).await;
         let addr = e.proxy.addr;
-        let mut idle = TcpStream::connect(addr).await.unwrap();
-        idle.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
-            .await
-            .unwrap();
-        assert!(
-            read_until(&mut idle, "hello").await.ends_with("hello"),
-            "fast={fast}"
-        );
+        let mut idle = kept_idle(addr).await;
         let mut partial = TcpStream::connect(addr).await.unwrap();
         partial
             .write_all(b"GET /b HTTP/1.1\r\nhost: a\r\n")
@@ -585,22 +597,6 @@ async fn a_stop_closes_waiting_connections_at_once_and_finishes_the_requests_beg
 // ---------------------------------------------------------------------------------------------
 // The fast path's connection watched by a sentry task of its own: stops, timeouts, hand-over.
 
-/// [`env`] with extra `[proxy]` keys, in front of the upstream at `up` (the raw upstream when
-/// `None`).
-async fn env_with(fast: bool, proxy_extra: &str, up: Option<SocketAddr>) -> Env {
-    let (raw_addr, upstream, held) = raw_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let text = support::render(CONFIG, up.unwrap_or(raw_addr), dir.path())
-        .replace("FAST", &format!("{fast}\n{proxy_extra}"));
-    let proxy = support::proxy(&text, dir.path()).await;
-    Env {
-        proxy,
-        upstream,
-        held,
-        _dir: dir,
-    }
-}
-
 /// An HTTP/1.1 upstream that answers every request `200 hello` on a kept connection, and
 /// counts the connections it accepted.
 async fn counting_upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
@@ -635,19 +631,6 @@ async fn counting_upstream() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>
     (addr, accepted)
 }
 
-/// Reads until EOF or error; `true` when the peer closed within `limit`.
-async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
-    let mut buf = [0u8; 1024];
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) => {}
-        }
-    }
-}
-
 fn proxy_series(text: &str, series: &str) -> f64 {
     support::metric(text, series).unwrap_or(0.0)
 }
@@ -676,11 +659,7 @@ async fn a_stop_lets_a_half_sent_head_for_hyper_be_answered() {
     for fast in [true, false] {
         let e = env(fast).await;
         let addr = e.proxy.addr;
-        let mut idle = TcpStream::connect(addr).await.unwrap();
-        idle.write_all(b"GET /a HTTP/1.1\r\nhost: a\r\n\r\n")
-            .await
-            .unwrap();
-        assert!(read_until(&mut idle, "hello").await.ends_with("hello"));
+        let mut idle = kept_idle(addr).await;
         let mut partial = Vec::new();
         for (name, first, _) in kinds {
             let mut s = TcpStream::connect(addr).await.unwrap();

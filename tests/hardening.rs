@@ -4,6 +4,8 @@
 
 mod support;
 
+use support::closed_within;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -471,19 +473,6 @@ async fn smaller_holes_overlong_escapes_token_aliases_max_token_grpc_types() {
         "{text}"
     );
     assert!(e.exec.stale_writes("34").is_empty(), "{:?}", e.exec.all());
-}
-
-/// Reads until EOF or error; `true` when the peer closed within `limit`.
-async fn closed_within(s: &mut TcpStream, limit: Duration) -> bool {
-    let mut buf = [0u8; 1024];
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
-            Err(_) => return false,
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) => {}
-        }
-    }
 }
 
 async fn silent_partial_and_idle_connections_are_closed() {

@@ -553,3 +553,17 @@ pub fn spawn_proxy_with_nofile(
         .arg(config);
     spawn_command(cmd)
 }
+
+/// Reads until EOF or error; `true` when the peer closed within `limit`.
+pub async fn closed_within(s: &mut tokio::net::TcpStream, limit: Duration) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
