@@ -53,9 +53,9 @@ pub type FirstFuture = Pin<Box<dyn Future<Output = Option<Handoff>> + Send>>;
 /// A handler tried first on each plain-TCP connection of a listener (not on TLS ones).
 pub type FirstHandler<C> = Arc<dyn Fn(FirstConn<C>) -> FirstFuture + Send + Sync>;
 
-/// The watchdog's view of a connection served by a first handler, shared with its sentry
-/// ([`super::sentry`]): the handler reports each request's start and end, and learns there
-/// whether it must finish.
+/// The watchdog's view of a connection served by a first handler, shared with its sentry (a
+/// task of its own that closes the connection on a timeout or a stop): the handler reports
+/// each request's start and end, and learns there whether it must finish.
 #[derive(Debug, Clone)]
 pub struct Activity {
     pub(super) state: Arc<State>,
