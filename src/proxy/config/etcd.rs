@@ -173,7 +173,18 @@ mod tests {
         }
     }
 
+    /// Without the `etcd` feature the same file is refused, naming the feature.
     #[test]
+    #[cfg(not(feature = "etcd"))]
+    fn a_build_without_etcd_refuses_etcd_marks_and_names_the_feature() {
+        let (_, key, msg) =
+            key_of(parse("[marks.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]").unwrap_err());
+        assert_eq!(key, "marks.etcd.endpoints");
+        assert!(msg.contains("`etcd` feature"), "{msg}");
+    }
+
+    #[test]
+    #[cfg(feature = "etcd")]
     fn etcd_settings_have_defaults_and_hide_the_password() {
         let c = parse(
             "[marks.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nusername = \"p\"\npassword = \"s3cret\"",

@@ -48,6 +48,7 @@ macro_rules! write_through {
 pub(crate) use write_through;
 
 mod conn;
+mod count;
 mod handoff;
 mod head;
 mod sentry;
@@ -74,6 +75,8 @@ use tokio::sync::{mpsc, watch};
 use crate::metrics::ConnMetrics;
 
 pub use conn::Counted;
+pub use count::ConnHold;
+use count::Counting;
 pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
 
 /// What one listener allows a client connection (`[proxy]` keys of DESIGN 5).
@@ -367,53 +370,6 @@ pub async fn serve_first<H, F, B, C>(
     tokio::select! {
         _ = all_done.recv() => tracing::debug!("all connections closed"),
         () = tokio::time::sleep(limits.grace) => tracing::warn!(grace = ?limits.grace, "shutdown grace period over; dropping open connections"),
-    }
-}
-
-/// One open client connection, counted (`max_connections`, the open gauge, shutdown's wait)
-/// until its task ends or is dropped.
-/// A client connection's place in `max_connections` and in the shutdown's wait, held by
-/// whatever still uses the connection's socket after hyper let it go (a WebSocket tunnel):
-/// the connection counts until the last holder drops it.
-#[derive(Clone)]
-pub struct ConnHold(#[allow(dead_code)] Arc<Counting>);
-
-impl std::fmt::Debug for ConnHold {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnHold").finish_non_exhaustive()
-    }
-}
-
-struct Counting {
-    open: Arc<AtomicUsize>,
-    gauge: Option<prometheus::IntGauge>,
-    _alive: mpsc::Sender<Infallible>,
-}
-
-impl Counting {
-    /// The caller already counted the connection in `open`.
-    fn new(
-        open: &Arc<AtomicUsize>,
-        gauge: Option<prometheus::IntGauge>,
-        alive: &mpsc::Sender<Infallible>,
-    ) -> Self {
-        if let Some(g) = &gauge {
-            g.inc();
-        }
-        Self {
-            open: Arc::clone(open),
-            gauge,
-            _alive: alive.clone(),
-        }
-    }
-}
-
-impl Drop for Counting {
-    fn drop(&mut self) {
-        self.open.fetch_sub(1, Ordering::AcqRel);
-        if let Some(g) = &self.gauge {
-            g.dec();
-        }
     }
 }
 
