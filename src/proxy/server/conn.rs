@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub(super) use super::state::{Active, Reason, State};
+use super::state::{Active, Reason, State};
 use super::wake::Gate;
 use super::Limits;
 use crate::metrics::ConnMetrics;

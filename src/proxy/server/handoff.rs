@@ -18,7 +18,8 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
-use super::conn::{GracefulShutdown, State, Watch};
+use super::conn::{GracefulShutdown, Watch};
+use super::state::State;
 use super::Peer;
 
 /// A plain-TCP client connection, handed to the first handler.

@@ -261,7 +261,7 @@ pub async fn serve_first<H, F, B, C>(
             continue;
         }
         let _ = stream.set_nodelay(true);
-        let state = conn::State::new();
+        let state = state::State::new();
         let handle = handle.clone();
         let svc_state = Arc::clone(&state);
         let local = Arc::new(C::default());

@@ -19,7 +19,8 @@ use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::conn::{Reason, State, Watch};
+use super::conn::Watch;
+use super::state::{Reason, State};
 
 impl Watch {
     /// Watches the first handler's connection whose task is `conn` until it ends or goes to

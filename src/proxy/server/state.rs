@@ -68,20 +68,25 @@ impl State {
         Active(Arc::clone(self))
     }
 
-    /// Moves a first handler's connection from `WAITING` or `PARTIAL` to `to`: `false` when
-    /// the sentry is closing it (or it is in no waiting phase).
-    fn leave_waiting(&self, to: u8) -> bool {
-        let swap = |from| {
-            self.phase
-                .compare_exchange(from, to, Ordering::SeqCst, Ordering::Relaxed)
-        };
-        swap(WAITING).or_else(|_| swap(PARTIAL)).is_ok()
+    /// Moves the phase from `from` to `to`; `false` when it was not `from`.
+    fn swap(&self, from: u8, to: u8) -> bool {
+        self.phase
+            .compare_exchange(from, to, Ordering::SeqCst, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Moves a first handler's connection from `WAITING` or `PARTIAL` to `to`: the phase it
+    /// left, `None` when it was in neither (being closed, serving, or gone to hyper).
+    fn leave_waiting(&self, to: u8) -> Option<u8> {
+        [WAITING, PARTIAL]
+            .into_iter()
+            .find(|&from| self.swap(from, to))
     }
 
     /// A first handler's request head is complete: `false` when the sentry is closing the
     /// connection (nothing may be served then).
     pub(super) fn begin(&self) -> bool {
-        let begun = self.leave_waiting(BUSY);
+        let begun = self.leave_waiting(BUSY).is_some();
         if begun {
             self.started.store(true, Ordering::Relaxed);
         }
@@ -91,11 +96,7 @@ impl State {
     /// Part of a first handler's next request head is read: `false` when the sentry is
     /// closing the connection.
     pub(super) fn partial(&self) -> bool {
-        self.phase.load(Ordering::Relaxed) == PARTIAL
-            || self
-                .phase
-                .compare_exchange(WAITING, PARTIAL, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
+        self.phase.load(Ordering::Relaxed) == PARTIAL || self.swap(WAITING, PARTIAL)
     }
 
     /// A first handler's request is over: `true` when the connection must finish now.
@@ -111,7 +112,7 @@ impl State {
 
     /// The first handler hands the connection to hyper: `false` when the sentry is closing it.
     pub(super) fn hand_over(&self) -> bool {
-        self.leave_waiting(HANDED)
+        self.leave_waiting(HANDED).is_some()
     }
 
     /// Whether a first handler's connection was asked to finish.
@@ -123,20 +124,14 @@ impl State {
     /// once if it waits with nothing of a request read: `true` then.
     pub(super) fn stop_or_close(&self) -> bool {
         self.stop.store(true, Ordering::SeqCst);
-        self.phase
-            .compare_exchange(WAITING, CLOSING, Ordering::SeqCst, Ordering::Relaxed)
-            .is_ok()
+        self.swap(WAITING, CLOSING)
     }
 
     /// The sentry takes a connection that waits for a request head (none or part of it read)
     /// for closing: the phase it was in, `None` while a request is served (or the connection
     /// went to hyper).
     pub(super) fn try_close(&self) -> Option<u8> {
-        [WAITING, PARTIAL].into_iter().find(|&from| {
-            self.phase
-                .compare_exchange(from, CLOSING, Ordering::SeqCst, Ordering::Relaxed)
-                .is_ok()
-        })
+        self.leave_waiting(CLOSING)
     }
 
     /// The HTTP/2 preface arrived: the fresh phase is over, and the connection idle.
@@ -148,9 +143,7 @@ impl State {
     /// The sentry gives back a connection it took for closing, in the phase it took it from
     /// (`try_close`'s): `false` if it is not closing.
     pub(super) fn reopen(&self, phase: u8) -> bool {
-        self.phase
-            .compare_exchange(CLOSING, phase, Ordering::SeqCst, Ordering::Relaxed)
-            .is_ok()
+        self.swap(CLOSING, phase)
     }
 
     fn mark_idle(&self) {
