@@ -333,30 +333,7 @@ impl Conn {
                 }
                 Ok::<(), Option<Failed>>(())
             };
-            let download = async {
-                loop {
-                    match response::parse(ubuf, head_request, fields) {
-                        Ok(Read::Final(h)) => return Ok(h),
-                        Ok(Read::Informational(n)) => {
-                            ubuf.drain(..n);
-                        }
-                        Ok(Read::Partial) => {
-                            ubuf.reserve(BODY_CHUNK);
-                            match up_read.read_buf(ubuf).await {
-                                Ok(0) => {
-                                    return Err(Failed::Upstream(Rejection::UpstreamFailed(
-                                        "the upstream closed the connection before a response"
-                                            .to_owned(),
-                                    )))
-                                }
-                                Ok(_) => {}
-                                Err(e) => return Err(fail(&e)),
-                            }
-                        }
-                        Err(e) => return Err(fail(&e)),
-                    }
-                }
-            };
+            let download = read_head(&mut up_read, ubuf, head_request, fields);
             tokio::pin!(upload, download);
             // The upstream may answer before it read the whole body (an early 413): the answer is
             // relayed, and neither connection is reused.
@@ -394,6 +371,36 @@ impl Conn {
             sock,
             sent_whole,
         })
+    }
+}
+
+/// Reads the upstream's response head into `ubuf`, skipping interim (1xx) responses.
+async fn read_head<R: tokio::io::AsyncRead + Unpin>(
+    up: &mut R,
+    ubuf: &mut Vec<u8>,
+    head_request: bool,
+    fields: &mut super::fields::FieldStore,
+) -> Result<ResponseHead, Failed> {
+    loop {
+        match response::parse(ubuf, head_request, fields) {
+            Ok(Read::Final(h)) => return Ok(h),
+            Ok(Read::Informational(n)) => {
+                ubuf.drain(..n);
+            }
+            Ok(Read::Partial) => {
+                ubuf.reserve(BODY_CHUNK);
+                match up.read_buf(ubuf).await {
+                    Ok(0) => {
+                        return Err(Failed::Upstream(Rejection::UpstreamFailed(
+                            "the upstream closed the connection before a response".to_owned(),
+                        )))
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(fail(&e)),
+                }
+            }
+            Err(e) => return Err(fail(&e)),
+        }
     }
 }
 
