@@ -836,3 +836,45 @@ async fn a_head_that_never_completes_is_closed_at_the_end_of_the_grace() {
         );
     }
 }
+
+/// A refused request's body is skipped when it has arrived, wherever it fell between the
+/// proxy's reads: the connection stays open for the next request, as on hyper's path (whose
+/// reads are larger). A body that has not all arrived cannot be skipped: the refusal says
+/// `connection: close`, and the connection is closed.
+#[tokio::test]
+async fn a_refused_requests_body_is_skipped_when_it_has_arrived_and_the_connection_closed_when_not()
+{
+    let e = env(true).await;
+    // Heads of every length around the first two multiples of the read size: for some of
+    // them a read ends inside the body, which is then partly in the socket only.
+    for pad in (4000..4100).chain(8100..8200) {
+        let mut s = TcpStream::connect(e.proxy.addr).await.unwrap();
+        let req = format!(
+            "POST /orders/1 HTTP/1.1\r\nhost: a\r\nx-pad: {}\r\ncontent-length: 12\r\n\r\nhello, world\
+             GET /a HTTP/1.1\r\nhost: a\r\n\r\n",
+            "p".repeat(pad)
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let text = read_until(&mut s, "hello").await;
+        let got = statuses(&text);
+        assert!(
+            got.len() == 2 && got[0] == 428 && got[1] == 200,
+            "pad {pad}: {got:?} {text}"
+        );
+        assert!(!text.contains("connection: close"), "pad {pad}: {text}");
+    }
+    // 10 of 100 bytes: the refusal says it closes, and does.
+    let text = raw(
+        e.proxy.addr,
+        b"POST /orders/1 HTTP/1.1\r\nhost: a\r\ncontent-length: 100\r\n\r\n0123456789",
+    )
+    .await;
+    assert_eq!(statuses(&text), [428], "{text}");
+    assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+    assert!(e
+        .upstream
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|r| !r.contains("/orders")));
+}

@@ -245,6 +245,16 @@ impl Proxy {
                 }
                 let (mut parts, body) = resp.into_parts();
                 strip_hop_by_hop(&mut parts.headers, &self.header);
+                // A proxy answers in its own HTTP version (RFC 9110 6.2); hyper's server writes
+                // the response's, so an HTTP/1.0 upstream's would reach an HTTP/1.1 client.
+                if parts.version == http::Version::HTTP_10 {
+                    parts.version = http::Version::HTTP_11;
+                }
+                // A 204 never says a length (RFC 9110 8.6); hyper's server keeps an upstream's
+                // Content-Length on a 204 to HEAD. As the fast path does.
+                if parts.status == StatusCode::NO_CONTENT {
+                    parts.headers.remove(http::header::CONTENT_LENGTH);
+                }
                 Response::from_parts(
                     parts,
                     Either::Left(Tracked {

@@ -64,10 +64,12 @@ impl Conn {
             Err(refused) => {
                 let status = refused.status();
                 let close = close || refused.headers().contains_key(http::header::CONNECTION);
-                let closing = close || self.activity.stopping();
+                // A body that is not all here cannot be skipped: the connection closes after
+                // the answer, which says so.
+                let closing = close || !self.skip_unsent(body) || self.activity.stopping();
                 self.out.clear();
                 write::refusal(&mut self.out, refused, head_request, closing);
-                let after = self.answer_unsent(body, close).await;
+                let after = self.answer_unsent(closing).await;
                 if let Some(l) = logged {
                     l.answered(status);
                 }
@@ -188,7 +190,7 @@ impl Conn {
         let closing = close || self.activity.stopping();
         let delivered = delivered.into_inner();
         let relayed = {
-            let relay = self.relay(proxy, answer, close_upstream, closing);
+            let relay = self.relay(proxy, answer, close_upstream, closing, head_request);
             tokio::pin!(relay);
             let r = if fired {
                 None
@@ -230,15 +232,31 @@ impl Conn {
         }
     }
 
-    /// Writes the response in `out` for a request none of whose body went upstream: the
-    /// connection stays open only when the body is already here to be skipped.
-    async fn answer_unsent(&mut self, body: u64, close: bool) -> After {
-        let here = (self.buf.len() - self.start) as u64;
-        let skip = body <= here;
-        if skip {
-            self.start += usize::try_from(body).unwrap_or(usize::MAX);
+    /// Skips the body of a request answered without sending it upstream; `false` when it is
+    /// not all here. A small rest already in the socket is read first, as hyper's larger reads
+    /// would have it in its buffer: whether a refused request keeps its connection does not
+    /// depend on where the client's bytes fell between two reads.
+    fn skip_unsent(&mut self, body: u64) -> bool {
+        let mut here = (self.buf.len() - self.start) as u64;
+        while here < body && body - here <= BODY_CHUNK as u64 {
+            self.buf
+                .reserve(usize::try_from(body - here).unwrap_or(BODY_CHUNK));
+            match self.client.try_read_buf(&mut self.buf) {
+                Ok(n) if n > 0 => here += n as u64,
+                _ => break,
+            }
         }
-        if self.client.write_all(&self.out).await.is_err() || close || !skip {
+        if body > here {
+            return false;
+        }
+        self.start += usize::try_from(body).unwrap_or(usize::MAX);
+        true
+    }
+
+    /// Writes the response in `out` for a request none of whose body went upstream (and
+    /// whose body [`Conn::skip_unsent`] skipped unless `closing`).
+    async fn answer_unsent(&mut self, closing: bool) -> After {
+        if self.client.write_all(&self.out).await.is_err() || closing {
             return After::Close;
         }
         After::KeepAlive

@@ -24,6 +24,7 @@ impl Conn {
         answer: Answer,
         close_upstream: bool,
         closing: bool,
+        head_request: bool,
     ) -> Result<After, Cut> {
         let Answer {
             head,
@@ -46,11 +47,21 @@ impl Conn {
         } = self;
         let mut headers = fields.list(&ubuf[..len]);
         strip_hop_by_hop(&mut headers, &proxy.header);
-        // A 204 has no body and must not say otherwise (RFC 9110 8.6): a hop that honoured an
-        // upstream's stray Content-Length would read the next response as this one's body.
-        // hyper's server drops it too.
-        if status == http::StatusCode::NO_CONTENT {
+        let no_body_status =
+            status == http::StatusCode::NO_CONTENT || status == http::StatusCode::NOT_MODIFIED;
+        // The length fields as hyper's server writes them for hyper's path, whose response body
+        // from the upstream ends at once when there is none: to HEAD, the upstream's
+        // Content-Length where it was; otherwise it is dropped from its place and
+        // `content-length: 0` written after the other fields, except on 204 and 304. A 204
+        // never says a length (RFC 9110 8.6): a hop that honoured an upstream's stray one would
+        // read the next response as this one's body.
+        let bodyless = framing == Framing::Empty && !head_request;
+        if bodyless || status == http::StatusCode::NO_CONTENT {
             headers.remove(&http::header::CONTENT_LENGTH);
+        }
+        // `Trailer` announces fields after a chunked body: none can follow to HEAD, 204 or 304.
+        if head_request || no_body_status {
+            headers.remove(&http::header::TRAILER);
         }
         out.clear();
         out.extend_from_slice(b"HTTP/1.1 ");
@@ -66,6 +77,9 @@ impl Conn {
         }
         if framing == Framing::Chunked {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        if bodyless && !no_body_status {
+            out.extend_from_slice(b"content-length: 0\r\n");
         }
         if !headers.contains(&http::header::DATE) {
             write::date(out);

@@ -55,7 +55,10 @@ pub(super) fn refusal(
         );
     }
     headers(out, &parts.headers);
-    if !parts.headers.contains_key(header::CONTENT_LENGTH) {
+    // hyper's server says no length for an empty body to HEAD (the body it does not send
+    // might have had one), and the body's length otherwise.
+    let says_none = head_request && body.is_empty();
+    if !says_none && !parts.headers.contains_key(header::CONTENT_LENGTH) {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(body.len().to_string().as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -73,7 +76,7 @@ pub(super) fn refusal(
 pub(super) fn automatic(out: &mut Vec<u8>, status: StatusCode) {
     status_line(out, status);
     // The connection is closed after it, and hyper says so.
-    out.extend_from_slice(b"content-length: 0\r\nconnection: close\r\n");
+    out.extend_from_slice(b"connection: close\r\ncontent-length: 0\r\n");
     date(out);
     out.extend_from_slice(b"\r\n");
 }

@@ -1,0 +1,263 @@
+//! Comparing two outcomes, and the differences accepted as explained.
+
+#[allow(clippy::wildcard_imports)]
+use super::*;
+
+/// The response bytes with each `date` header's value masked (it is the time of the answer).
+pub(crate) fn normalize(resp: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(resp.len());
+    let mut at = 0;
+    while at < resp.len() {
+        let end = find(&resp[at..], b"\r\n").map_or(resp.len(), |e| at + e + 2);
+        let line = &resp[at..end];
+        if line.len() > 5 && line[..5].eq_ignore_ascii_case(b"date:") {
+            out.extend_from_slice(b"date: <masked>\r\n");
+        } else {
+            out.extend_from_slice(line);
+        }
+        at = end;
+    }
+    out
+}
+
+/// Bytes as readable text: CRLF kept as `\r\n` plus a line break, others escaped.
+pub(crate) fn show(b: &[u8]) -> String {
+    let mut s = String::new();
+    let b = if b.len() > 1500 { &b[..1500] } else { b };
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'\r' if b.get(i + 1) == Some(&b'\n') => {
+                s.push_str("\\r\\n\n        ");
+                i += 1;
+            }
+            b'\n' => s.push_str("\\n"),
+            b'\r' => s.push_str("\\r"),
+            b'\t' => s.push_str("\\t"),
+            c if (0x20..0x7f).contains(&c) => s.push(c as char),
+            c => {
+                let _ = write!(s, "\\x{c:02x}");
+            }
+        }
+        i += 1;
+    }
+    s
+}
+
+pub(crate) fn describe(o: &Outcome) -> String {
+    let mut s = String::new();
+    for (i, r) in o.responses.iter().enumerate() {
+        let _ = writeln!(s, "    response[{i}]: {}", show(r));
+    }
+    if !o.extra.is_empty() {
+        let _ = writeln!(s, "    extra: {}", show(&o.extra));
+    }
+    let _ = writeln!(s, "    closed: {}", o.closed);
+    if o.upstream.is_empty() {
+        let _ = writeln!(s, "    upstream: (nothing)");
+    }
+    for (i, u) in o.upstream.iter().enumerate() {
+        let _ = writeln!(s, "    upstream[{i}]: {}", show(u));
+    }
+    s
+}
+
+/// Records a difference between the fast path's outcome `a` and hyper's `b`, after the
+/// normalizations of [`normalize_pair`].
+pub(crate) fn compare<'m>(
+    mode: &'m str,
+    index: usize,
+    reqs: &[Case],
+    a: &mut Outcome,
+    b: &mut Outcome,
+    findings: &mut Vec<String>,
+    accepted: &mut std::collections::BTreeMap<&'m str, usize>,
+) {
+    if a == b {
+        return;
+    }
+    // `DIFF_RAW=1`: every difference as observed, none normalized.
+    let raw = std::env::var("DIFF_RAW").is_ok();
+    for why in if raw {
+        Vec::new()
+    } else {
+        normalize_pair(reqs, a, b)
+    } {
+        *accepted.entry(why).or_default() += 1;
+    }
+    if a != b {
+        let mut s = format!("{mode} case {index}:\n  request(s):\n");
+        for r in reqs {
+            let _ = writeln!(s, "    {}", show(&r.bytes));
+        }
+        let _ = write!(
+            s,
+            "  fast path:\n{}  hyper path:\n{}",
+            describe(a),
+            describe(b)
+        );
+        findings.push(s);
+    }
+}
+
+/// Whether a request's head has framing the fast path refuses outright by design while hyper
+/// accepts it (`src/proxy/pipeline/fast/head.rs`, module docs): a bare LF line end,
+/// `Content-Length` with `Transfer-Encoding`, more than one `Content-Length`, a
+/// `Content-Length` list.
+pub(crate) fn strict_framing(req: &[u8]) -> bool {
+    let end = find(req, b"\r\n\r\n").map_or(req.len(), |e| e + 4);
+    let head = &req[..end];
+    if head
+        .iter()
+        .enumerate()
+        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
+    {
+        return true;
+    }
+    let text = String::from_utf8_lossy(head).to_ascii_lowercase();
+    let lines: Vec<&str> = text.split("\r\n").skip(1).collect();
+    let named = |n: &str| {
+        lines
+            .iter()
+            .filter(|l| l.split(':').next() == Some(n))
+            .count()
+    };
+    let cl = named("content-length");
+    cl > 1
+        || (cl == 1 && named("transfer-encoding") > 0)
+        || lines
+            .iter()
+            .any(|l| l.starts_with("content-length:") && l.contains(','))
+}
+
+/// The (c) differences, explained, made equal. Returns which were applied.
+///
+/// - `strict-framing`: the fast path refuses a head with a bare LF, CL+TE, more than one
+///   Content-Length or a Content-Length list with its own 400 and closes the connection, by
+///   design (documented in `fast/head.rs`: smuggling vectors refused outright), where hyper
+///   accepts the head (RFC 9112 allows it: a recipient MAY take a bare LF, MUST let TE
+///   override CL, MAY take identical Content-Lengths) and re-frames it for the upstream,
+///   so hyper's path is no smuggling vector either. Accepted only when the fast path's
+///   answer is exactly that refusal, nothing reached its upstream and it closed.
+/// - `chunked-verbatim`: the fast path relays a chunked body byte for byte (chunk sizes,
+///   extensions and trailers as the upstream sent them, `fast/relay.rs`), hyper re-chunks
+///   the data and writes trailers only to a client that sent `TE: trailers`. The same data
+///   either way; chunk extensions have no defined meaning and trailers may be dropped by any
+///   recipient (RFC 9110 6.5.1). Bodies are compared as their decoded data.
+/// - `close-delimited`: a response delimited by the upstream's close is relayed by the fast
+///   path with `connection: close` and the client's connection closed after it (it moves
+///   bytes, it cannot re-frame), hyper re-chunks it and keeps the connection. The same
+///   head and data; the fast path is correct, only less economical.
+pub(crate) fn normalize_pair(reqs: &[Case], a: &mut Outcome, b: &mut Outcome) -> Vec<&'static str> {
+    let mut applied = Vec::new();
+    if reqs.len() == 1
+        && strict_framing(&reqs[0].bytes)
+        && a.closed
+        && a.upstream.is_empty()
+        && a.responses[0].starts_with(b"HTTP/1.1 400 Bad Request\r\n")
+        && a.responses[0].ends_with(b"\r\n\r\n")
+    {
+        *b = Outcome {
+            responses: a.responses.clone(),
+            extra: a.extra.clone(),
+            closed: a.closed,
+            upstream: a.upstream.clone(),
+        };
+        applied.push("strict-framing");
+        return applied;
+    }
+    for i in 0..a.responses.len().min(b.responses.len()) {
+        let head_request = reqs.get(i).is_some_and(|r| r.method == "HEAD");
+        let ra = final_message(&a.responses[i]).to_vec();
+        let rb = final_message(&b.responses[i]).to_vec();
+        let (Some((ha, ba)), Some((hb, bb))) = (split_head(&ra), split_head(&rb)) else {
+            continue;
+        };
+        let chunked = |h: &str| h.contains("\r\ntransfer-encoding: chunked\r\n");
+        let (mut ha, mut hb) = (ha.to_owned(), hb.to_owned());
+        let (mut ba, mut bb) = (ba.to_vec(), bb.to_vec());
+        let mut changed = false;
+        if !head_request && chunked(&ha) && chunked(&hb) && ba != bb {
+            if let (Some(da), Some(db)) = (dechunk(&ba), dechunk(&bb)) {
+                ba = da;
+                bb = db;
+                changed = true;
+                applied.push("chunked-verbatim");
+            }
+        }
+        let close_delimited = |h: &str| {
+            h.contains("\r\nconnection: close\r\n")
+                && !h.contains("\r\ncontent-length:")
+                && !h.contains("\r\ntransfer-encoding:")
+        };
+        if !head_request && close_delimited(&ha) && chunked(&hb) {
+            if let Some(db) = dechunk(&bb) {
+                // hyper says `connection: close` too when it closes anyway (the client asked).
+                if !hb.contains("\r\nconnection: close\r\n") {
+                    ha = ha.replacen("\r\nconnection: close\r\n", "\r\n", 1);
+                }
+                hb = hb.replacen("\r\ntransfer-encoding: chunked\r\n", "\r\n", 1);
+                bb = db;
+                changed = true;
+                a.closed = b.closed;
+                // The fast path closed the connection: what followed was never sent there.
+                for r in a.responses.iter_mut().skip(i + 1) {
+                    *r = b"<<after a close-delimited response>>".to_vec();
+                }
+                for r in b.responses.iter_mut().skip(i + 1) {
+                    *r = b"<<after a close-delimited response>>".to_vec();
+                }
+                b.upstream.truncate(a.upstream.len());
+                applied.push("close-delimited");
+            }
+        }
+        if changed {
+            let prefix_a = a.responses[i].len() - ra.len();
+            let prefix_b = b.responses[i].len() - rb.len();
+            let mut na = a.responses[i][..prefix_a].to_vec();
+            na.extend_from_slice(ha.as_bytes());
+            na.extend_from_slice(&ba);
+            let mut nb = b.responses[i][..prefix_b].to_vec();
+            nb.extend_from_slice(hb.as_bytes());
+            nb.extend_from_slice(&bb);
+            a.responses[i] = na;
+            b.responses[i] = nb;
+        }
+    }
+    applied
+}
+
+/// The final response of a response's bytes (after any interim ones).
+pub(crate) fn final_message(r: &[u8]) -> &[u8] {
+    let mut at = 0;
+    while r[at..].starts_with(b"HTTP/1.1 1") && !r[at..].starts_with(b"HTTP/1.1 101") {
+        match find(&r[at..], b"\r\n\r\n") {
+            Some(e) => at += e + 4,
+            None => break,
+        }
+    }
+    &r[at..]
+}
+
+/// A response's head (as text, through the empty line) and body.
+pub(crate) fn split_head(r: &[u8]) -> Option<(&str, &[u8])> {
+    let e = find(r, b"\r\n\r\n")? + 4;
+    Some((std::str::from_utf8(&r[..e]).ok()?, &r[e..]))
+}
+
+/// A chunked body's data.
+pub(crate) fn dechunk(b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    loop {
+        let line = find(&b[at..], b"\r\n")?;
+        let size = String::from_utf8_lossy(&b[at..at + line]);
+        let size = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        at += line + 2;
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(at..at + size)?);
+        at += size + 2;
+    }
+}
