@@ -878,3 +878,41 @@ async fn a_refused_requests_body_is_skipped_when_it_has_arrived_and_the_connecti
         .iter()
         .all(|r| !r.contains("/orders")));
 }
+
+/// A client that writes its whole request before it reads its answer (as many HTTP client
+/// libraries do) gets the refusal of a request whose body the proxy did not read. Closing at
+/// once with the client's bytes unread would reset the connection: the client's writes fail
+/// and it never reads the answer. The proxy reads on and drops what comes, after its answer,
+/// until the client stops sending (a lingering close, as nginx's).
+#[tokio::test]
+async fn a_client_still_sending_a_refused_body_gets_the_answer() {
+    for fast in [true, false] {
+        let e = env(fast).await;
+        let addr = e.proxy.addr;
+        let sent = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            // More than the two sockets' buffers hold: the proxy must read to take it all.
+            let body = vec![b'x'; 32 << 20];
+            let head = format!(
+                "POST /orders/1 HTTP/1.1\r\nhost: a\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes())
+                .map_err(|e| format!("head: {e}"))?;
+            s.write_all(&body).map_err(|e| format!("body: {e}"))?;
+            let mut resp = Vec::new();
+            s.read_to_end(&mut resp).map_err(|e| format!("read: {e}"))?;
+            Ok::<_, String>(String::from_utf8_lossy(&resp).into_owned())
+        })
+        .await
+        .unwrap();
+        let text = sent.unwrap_or_else(|e| panic!("fast path {fast}: {e}"));
+        assert_eq!(statuses(&text), [428], "fast path {fast}: {text}");
+        // hyper's server closes such a connection without saying so in the answer.
+        if fast {
+            assert!(text.contains("\r\nconnection: close\r\n"), "{text}");
+        }
+    }
+}

@@ -201,8 +201,12 @@ pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
+        // Some errors (hyper's among them) already say their cause in their own text.
+        let cause = c.to_string();
+        if !s.contains(&cause) {
+            s.push_str(": ");
+            s.push_str(&cause);
+        }
         cur = c.source();
     }
     s

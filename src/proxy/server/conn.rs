@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::linger::Closing;
 use super::state::{Active, Reason, State};
 use super::wake::Gate;
 use super::Limits;
@@ -47,6 +48,9 @@ pub(super) struct Watched<I> {
     state: Arc<State>,
     /// How many bytes of the preface matched so far; `u8::MAX` once decided.
     preface: u8,
+    /// hyper shuts the socket down when it is done with the connection: a client still
+    /// sending is read to its end first ([`super::linger`]).
+    closing: Closing,
 }
 
 impl<I> Watched<I> {
@@ -55,6 +59,7 @@ impl<I> Watched<I> {
             io,
             state,
             preface: 0,
+            closing: Closing::default(),
         }
     }
 
@@ -95,7 +100,36 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     }
 }
 
-crate::server::write_through!(Watched);
+impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        this.closing.poll_close(&mut this.io, cx)
+    }
+}
 
 pin_project_lite::pin_project! {
     /// A response body that keeps its request counted as in progress until it ends or is

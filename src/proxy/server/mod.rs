@@ -51,6 +51,7 @@ mod conn;
 mod count;
 mod handoff;
 mod head;
+pub(crate) mod linger;
 mod sentry;
 mod state;
 mod wake;

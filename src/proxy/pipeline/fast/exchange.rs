@@ -161,7 +161,8 @@ impl Conn {
                 drop(ticket.take());
                 drop(inflight);
                 let refused = proxy.aborted(route, token, grpc, self.peer.addr, started, note);
-                return self.answer_failed(refused, head_request, logged).await;
+                let keep = !close && (body == 0 || delivered.load(Relaxed));
+                return self.answer_failed(refused, head_request, logged, keep).await;
             }
             Some(Err(Failed::ClientGone)) => return After::Close,
             Some(Err(Failed::Upstream(rejection))) => {
@@ -178,7 +179,8 @@ impl Conn {
                     self.peer.addr,
                     note,
                 );
-                return self.answer_failed(refused, head_request, logged).await;
+                let keep = !close && (body == 0 || delivered.load(Relaxed));
+                return self.answer_failed(refused, head_request, logged, keep).await;
             }
             Some(Ok(a)) => a,
         };
@@ -227,7 +229,7 @@ impl Conn {
             // take a cut response for a whole one.
             None | Some(Err(_)) => {
                 let _ = self.client.set_zero_linger();
-                After::Close
+                After::Reset
             }
         }
     }
@@ -262,22 +264,30 @@ impl Conn {
         After::KeepAlive
     }
 
-    /// Writes palisade's answer to a request whose exchange failed; the request's body may be
-    /// partly sent, so the connection is closed.
+    /// Writes palisade's answer to a request whose exchange failed. `keep`: the whole request
+    /// was taken from the client (it had no body, or its body went out whole), so the
+    /// connection can carry the next one, as on hyper's path; otherwise part of its body may
+    /// still be on its way, and the connection is closed.
     async fn answer_failed(
         &mut self,
         refused: http::Response<http_body_util::Full<bytes::Bytes>>,
         head_request: bool,
         logged: Option<Logged<'_>>,
+        keep: bool,
     ) -> After {
         let status = refused.status();
+        let closing = !keep || self.activity.stopping();
         self.out.clear();
-        write::refusal(&mut self.out, refused, head_request, true);
-        let _ = self.client.write_all(&self.out).await;
+        write::refusal(&mut self.out, refused, head_request, closing);
+        let written = self.client.write_all(&self.out).await.is_ok();
         if let Some(l) = logged {
             l.answered(status);
         }
-        After::Close
+        if written && !closing {
+            After::KeepAlive
+        } else {
+            After::Close
+        }
     }
 
     /// Sends the head in `out` and `body` bytes of body, and reads the response head. At most

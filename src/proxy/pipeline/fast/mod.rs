@@ -115,6 +115,9 @@ struct Conn {
 enum After {
     KeepAlive,
     Close,
+    /// Closed with a reset (set by the exchange): the client must not take a cut response
+    /// for a whole one.
+    Reset,
 }
 
 impl Conn {
@@ -130,7 +133,8 @@ impl Conn {
                     Parsed::Head(h) => break h,
                     Parsed::HandOver => return self.handoff(),
                     Parsed::Refuse(status) => {
-                        let _ = self.refuse_head(status).await;
+                        self.refuse_head(status).await;
+                        crate::server::linger::close(&mut self.client).await;
                         return None;
                     }
                     // The reads are awaited here, not in a function of their own: one level
@@ -164,7 +168,11 @@ impl Conn {
             }
             let after = self.exchange(&proxy, head).await;
             let stop = self.activity.end();
-            if after == After::Close || stop {
+            if after == After::Close && !stop {
+                // A client may still be sending (a refused request's body): see `linger`.
+                crate::server::linger::close(&mut self.client).await;
+            }
+            if after != After::KeepAlive || stop {
                 return None;
             }
             self.compact();
