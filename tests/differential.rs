@@ -19,6 +19,13 @@
 //! is collected, the first ones printed with the seed and case index, then the test fails if
 //! there were any.
 //!
+//! It then compares what the proxies counted and logged (`observe.rs`): every counting
+//! `palisade_*` metric series (after the seeded corpus and again after the fixed one), the
+//! access log lines (JSON, time/port/latency masked, read after shutdown) and the marks. A
+//! second, fixed corpus (`failures.rs`) has upstreams that fail (close without answering or
+//! mid-body, garbage, no answer within the `/slow` route's 200 ms, an early answer), bodies of
+//! several read chunks and `Expect: 100-continue`.
+//!
 //! Differences explained as acceptable are made equal first (`normalize_pair`, each with
 //! its reason); `DIFF_RAW=1` shows them all as observed, `DIFF_ALL=1` prints every remaining
 //! difference, `DIFF_SEED=<n>` runs another corpus.
@@ -47,12 +54,17 @@ mod client;
 mod compare;
 #[path = "differential/corpus.rs"]
 mod corpus;
+#[path = "differential/failures.rs"]
+mod failures;
+#[path = "differential/observe.rs"]
+mod observe;
 #[path = "differential/upstream.rs"]
 mod upstream;
 
 use client::*;
 use compare::*;
 use corpus::*;
+use failures::*;
 use upstream::*;
 
 use std::fmt::Write as _;
@@ -83,6 +95,10 @@ listen = "127.0.0.1:0"
 
 [marks]
 store = "memory"
+
+[access_log]
+format = "json"
+path = "{marks}/access.log"
 
 [[upstream]]
 name = "raw"
@@ -122,6 +138,13 @@ path = "/exact"
 resource = "ex"
 
 [[route]]
+name = "slow"
+upstream = "raw"
+path_prefix = "/slow"
+guard = false
+response_timeout_ms = 200
+
+[[route]]
 name = "rest"
 upstream = "raw"
 path_prefix = "/"
@@ -152,6 +175,8 @@ struct Side {
     open: Open,
     /// The upstream's address, as it appears in a forwarded CONNECT (masked).
     upstream: SocketAddr,
+    /// The local port of every client connection, in order (the access log's `peer`).
+    peers: Mutex<Vec<u16>>,
 }
 
 /// How a case's requests are written.
@@ -166,6 +191,7 @@ enum Mode {
 async fn run(side: &Side, reqs: &[Case], mode: Mode) -> Outcome {
     let before = side.received.lock().unwrap().len();
     let mut c = Client::connect(side.addr).await;
+    side.peers.lock().unwrap().push(c.port());
     let mut responses = Vec::new();
     match mode {
         Mode::Pipelined => {
@@ -236,6 +262,7 @@ async fn start(fast: bool) -> (support::Proxy, Side, tempfile::TempDir) {
         received,
         open,
         upstream: up,
+        peers: Mutex::default(),
     };
     (proxy, side, dir)
 }
@@ -269,6 +296,7 @@ async fn both_data_paths_behave_alike() {
         }
     }
     let mut findings = Vec::new();
+    let mut excluded = observe::Excluded::default();
     let mut accepted: std::collections::BTreeMap<&str, usize> = Default::default();
     for (mode, index, reqs) in &plan {
         let m = if *mode == "pipelined" {
@@ -276,8 +304,17 @@ async fn both_data_paths_behave_alike() {
         } else {
             Mode::Sequential
         };
+        // A case whose difference may be accepted: its effect on the metrics and access logs
+        // is left out of their comparison (`observe::Excluded`).
+        let before = if observe::may_be_accepted(reqs) {
+            let b = observe::before([&fast_proxy, &hyper_proxy], [&fast, &hyper]).await;
+            Some((b, accepted.clone()))
+        } else {
+            None
+        };
         // Both proxies at once: their states are independent, each sees the same order.
         let (mut a, mut b) = tokio::join!(run(&fast, reqs, m), run(&hyper, reqs, m));
+        let was = before.as_ref().map(|(_, acc)| acc.clone());
         compare(
             mode,
             *index,
@@ -287,7 +324,37 @@ async fn both_data_paths_behave_alike() {
             &mut findings,
             &mut accepted,
         );
+        if let (Some((snap, _)), Some(was)) = (before, was) {
+            if was != accepted {
+                excluded
+                    .add(snap, [&fast_proxy, &hyper_proxy], [&fast, &hyper])
+                    .await;
+            }
+        }
     }
+    let proxies = [&fast_proxy, &hyper_proxy];
+    observe::compare_state("after the seeded corpus", proxies, &excluded, &mut findings).await;
+    // The fixed corpus of upstream failures, large bodies and Expect, on fresh connections.
+    let fixed = failures::corpus();
+    for (name, reqs, expect) in &fixed {
+        let snap = observe::before([&fast_proxy, &hyper_proxy], [&fast, &hyper]).await;
+        let was = accepted.clone();
+        let (mut a, mut b) = tokio::join!(
+            run_fixed(&fast, reqs, *expect),
+            run_fixed(&hyper, reqs, *expect)
+        );
+        let before = findings.len();
+        compare("fixed", 0, reqs, &mut a, &mut b, &mut findings, &mut accepted);
+        if let Some(f) = findings.get_mut(before) {
+            *f = f.replacen("fixed case 0", &format!("fixed case {name:?}"), 1);
+        }
+        if was != accepted {
+            excluded
+                .add(snap, [&fast_proxy, &hyper_proxy], [&fast, &hyper])
+                .await;
+        }
+    }
+    observe::compare_state("after the fixed corpus", proxies, &excluded, &mut findings).await;
     println!("accepted differences (normalized): {accepted:?}");
     let cases: usize = plan.iter().map(|(_, _, r)| r.len()).sum();
     println!("seed {seed:#x}");
@@ -304,6 +371,12 @@ async fn both_data_paths_behave_alike() {
     }
     fast_proxy.shutdown().await;
     hyper_proxy.shutdown().await;
+    // Shutdown wrote every buffered access log line.
+    observe::access_log_diff(
+        [&_d1.path().join("access.log"), &_d2.path().join("access.log")],
+        &excluded,
+        &mut findings,
+    );
     // Requests the upstreams got only part of: logged as their connections end, which the
     // proxies' shutdown brings about.
     let mut partial = Vec::new();
@@ -319,7 +392,9 @@ async fn both_data_paths_behave_alike() {
             .lock()
             .unwrap()
             .iter()
-            .filter(|r| r.starts_with(b"PARTIAL "))
+            // `early-answer` (compare.rs): the fast path may stop sending a body the
+            // upstream answered early.
+            .filter(|r| r.starts_with(b"PARTIAL ") && find(r, b"x-resp: early").is_none())
             .map(|r| {
                 String::from_utf8_lossy(r)
                     .replace(&side.upstream.to_string(), "<upstream>")

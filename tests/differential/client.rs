@@ -25,6 +25,11 @@ impl Client {
         }
     }
 
+    /// The connection's local port (the proxy's access log shows it as the peer's).
+    pub(crate) fn port(&self) -> u16 {
+        self.s.local_addr().map_or(0, |a| a.port())
+    }
+
     /// Reads more bytes; `false` once the connection ended (EOF, error or the case's limit).
     pub(crate) async fn fill(&mut self) -> bool {
         if self.ended.is_some() {

@@ -114,7 +114,20 @@ pub(crate) async fn raw_upstream() -> (SocketAddr, Received, Open) {
 
 pub(crate) async fn upstream_conn(mut s: TcpStream, log: Received) {
     let mut buf = Vec::new();
+    // The request at the start of `buf` was answered as soon as its head arrived.
+    let mut answered_early = false;
     loop {
+        if !answered_early {
+            if let Some(e) = find(&buf, b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..e + 4]).into_owned();
+                if let Some(answer) = header(&head, "x-resp").and_then(|k| early(&k)) {
+                    answered_early = true;
+                    if s.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
         let Some(len) = request_len(&buf) else {
             let mut chunk = [0u8; 8192];
             match s.read(&mut chunk).await {
@@ -142,6 +155,26 @@ pub(crate) async fn upstream_conn(mut s: TcpStream, log: Received) {
             continue;
         }
         let kind = header(&head, "x-resp").unwrap_or_default();
+        if std::mem::take(&mut answered_early) {
+            // Answered already; the body is read whole (no reset of unread bytes).
+            if kind.ends_with("close") {
+                return;
+            }
+            continue;
+        }
+        match failure(&kind) {
+            Some(Failure::Close(bytes)) => {
+                let _ = s.write_all(bytes).await;
+                return;
+            }
+            Some(Failure::Stay(bytes)) => {
+                if s.write_all(bytes).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            None => {}
+        }
         let (answer, mut close) = canned(&kind);
         let answer = if head.starts_with("HEAD ") {
             head_only(answer)
