@@ -154,8 +154,12 @@ pub(crate) fn strict_framing(req: &[u8]) -> bool {
 ///   `fast/exchange.rs`, `send`: "relayed, and neither connection is reused"; RFC 9112 9.6
 ///   lets a client stop sending a body the server declined); hyper's client keeps sending the
 ///   body and reuses both connections. The client gets the same answer; which happens depends
-///   on whether the body was all written when the answer came. Accepted when the answers are
-///   the same but for that `connection: close`; the upstream's partial request (logged when
+///   on whether the body was all written when the answer came. Hyper's path, for its part,
+///   sometimes relays the early answer and then closes the client connection without
+///   `connection: close` (hyper's server drops a request body it could not drain; the
+///   next keep-alive request then gets EOF): reported, timing-dependent on both paths, so
+///   not a stable comparison. Accepted when the first answers are the same but for a
+///   `connection: close`, whatever followed; the upstream's partial request (logged when
 ///   the proxies shut down) is left out of the partial comparison for `x-resp: early*`.
 /// - `request-rechunked`: a chunked request body (which moves the fast path's connection to
 ///   hyper, with the bytes the fast path had read already) reaches the upstream with other
@@ -181,10 +185,8 @@ pub(crate) fn normalize_pair(reqs: &[Case], a: &mut Outcome, b: &mut Outcome) ->
         return applied;
     }
     if reqs[0].bytes.windows(14).any(|w| w == b"x-resp: early4" || w == b"x-resp: early2")
-        && a.closed
-        && !b.closed
         && String::from_utf8_lossy(&a.responses[0]).replacen("connection: close\r\n", "", 1)
-            == String::from_utf8_lossy(&b.responses[0])
+            == String::from_utf8_lossy(&b.responses[0]).replacen("connection: close\r\n", "", 1)
     {
         *a = Outcome {
             responses: b.responses.clone(),
