@@ -45,6 +45,18 @@
 //! - hyper's path: an HTTP/1.0 upstream response was answered to an HTTP/1.1 client with an
 //!   `HTTP/1.0` status line, and a `content-length` on a 204 to HEAD was kept (RFC 9110 8.6
 //!   forbids it; the fast path drops it) (`pipeline/mod.rs`).
+//!
+//! And when it first compared metrics, access logs and failing upstreams:
+//! - fast path: a 502 or 504 closed the client connection even when the request had been
+//!   taken whole (no body, or the body sent); hyper keeps it (`fast/exchange.rs`,
+//!   `answer_failed`);
+//! - hyper's path: a 502's message said hyper's error twice ("connection closed before
+//!   message completed: connection closed before message completed"; `forward.rs`,
+//!   `error_chain`).
+//!
+//! Each client connection comes from a source address of its own (`client.rs`): the access
+//! log's `peer` then names the connection, which by port it would not (the kernel reuses the
+//! ports of closed connections).
 
 mod support;
 
@@ -176,7 +188,7 @@ struct Side {
     /// The upstream's address, as it appears in a forwarded CONNECT (masked).
     upstream: SocketAddr,
     /// The local port of every client connection, in order (the access log's `peer`).
-    peers: Mutex<Vec<u16>>,
+    peers: Mutex<Vec<std::net::IpAddr>>,
 }
 
 /// How a case's requests are written.
@@ -191,7 +203,7 @@ enum Mode {
 async fn run(side: &Side, reqs: &[Case], mode: Mode) -> Outcome {
     let before = side.received.lock().unwrap().len();
     let mut c = Client::connect(side.addr).await;
-    side.peers.lock().unwrap().push(c.port());
+    side.peers.lock().unwrap().push(c.id());
     let mut responses = Vec::new();
     match mode {
         Mode::Pipelined => {
@@ -344,7 +356,15 @@ async fn both_data_paths_behave_alike() {
             run_fixed(&hyper, reqs, *expect)
         );
         let before = findings.len();
-        compare("fixed", 0, reqs, &mut a, &mut b, &mut findings, &mut accepted);
+        compare(
+            "fixed",
+            0,
+            reqs,
+            &mut a,
+            &mut b,
+            &mut findings,
+            &mut accepted,
+        );
         if let Some(f) = findings.get_mut(before) {
             *f = f.replacen("fixed case 0", &format!("fixed case {name:?}"), 1);
         }
@@ -373,7 +393,10 @@ async fn both_data_paths_behave_alike() {
     hyper_proxy.shutdown().await;
     // Shutdown wrote every buffered access log line.
     observe::access_log_diff(
-        [&_d1.path().join("access.log"), &_d2.path().join("access.log")],
+        [
+            &_d1.path().join("access.log"),
+            &_d2.path().join("access.log"),
+        ],
         &excluded,
         &mut findings,
     );

@@ -15,19 +15,60 @@ pub(crate) struct Client {
     pub(crate) deadline: tokio::time::Instant,
 }
 
+/// How many connections each proxy got from [`Client::connect`] so far.
+static CONNECTED: Mutex<Vec<(SocketAddr, u32)>> = Mutex::new(Vec::new());
+
+/// The `n`th source address: every connection of the test has one of its own (127/8 is all
+/// loopback), so that the access log's `peer` names the connection. By port, a connection's
+/// lines could be taken for a later one's: the kernel reuses a closed connection's port.
+fn source(range: u8, n: u32) -> std::net::Ipv4Addr {
+    // Each octet in 1..=250.
+    let octet = |x: u32| u8::try_from(x % 250 + 1).unwrap();
+    std::net::Ipv4Addr::new(127, range + octet(n / 62_500), octet(n / 250), octet(n))
+}
+
 impl Client {
+    /// A connection to `addr` from the next source address of that proxy's: the `n`th
+    /// connection to one proxy comes from the same address as the `n`th to the other (their
+    /// `x-forwarded-for` and access log lines are alike).
     pub(crate) async fn connect(addr: SocketAddr) -> Self {
+        let n = {
+            let mut seen = CONNECTED.lock().unwrap();
+            if let Some(e) = seen.iter_mut().find(|e| e.0 == addr) {
+                e.1 += 1;
+                e.1
+            } else {
+                seen.push((addr, 0));
+                0
+            }
+        };
+        Self::connect_from(addr, source(1, n)).await
+    }
+
+    /// A connection to `addr` from an address of a range of its own, for the requests that
+    /// bring the two proxies' marks together (sent to one proxy only).
+    pub(crate) async fn connect_aside(addr: SocketAddr) -> Self {
+        static ASIDE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = ASIDE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self::connect_from(addr, source(100, n)).await
+    }
+
+    async fn connect_from(addr: SocketAddr, ip: std::net::Ipv4Addr) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((ip, 0))).unwrap();
         Self {
-            s: TcpStream::connect(addr).await.unwrap(),
+            s: socket.connect(addr).await.unwrap(),
             buf: Vec::new(),
             ended: None,
             deadline: tokio::time::Instant::now() + CASE_LIMIT,
         }
     }
 
-    /// The connection's local port (the proxy's access log shows it as the peer's).
-    pub(crate) fn port(&self) -> u16 {
-        self.s.local_addr().map_or(0, |a| a.port())
+    /// The connection's own source address (the proxy's access log shows it as the peer's).
+    pub(crate) fn id(&self) -> std::net::IpAddr {
+        self.s
+            .local_addr()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip())
     }
 
     /// Reads more bytes; `false` once the connection ended (EOF, error or the case's limit).

@@ -4,7 +4,13 @@
 use super::*;
 
 /// The response bytes with each `date` header's value masked (it is the time of the answer).
+///
+/// The `message` of palisade's own 502 and 504 answers is masked too, with their length: it
+/// carries the text of each path's own HTTP client error ("connection closed before message
+/// completed" from hyper, "the upstream closed the connection before a response" from the fast
+/// path), meant for people. The status, the `error` kind and every other field are compared.
 pub(crate) fn normalize(resp: &[u8]) -> Vec<u8> {
+    let failed = resp.starts_with(b"HTTP/1.1 502 ") || resp.starts_with(b"HTTP/1.1 504 ");
     let mut out = Vec::with_capacity(resp.len());
     let mut at = 0;
     while at < resp.len() {
@@ -12,11 +18,33 @@ pub(crate) fn normalize(resp: &[u8]) -> Vec<u8> {
         let line = &resp[at..end];
         if line.len() > 5 && line[..5].eq_ignore_ascii_case(b"date:") {
             out.extend_from_slice(b"date: <masked>\r\n");
+        } else if failed && line.starts_with(b"content-length:") {
+            out.extend_from_slice(b"content-length: <masked>\r\n");
+        } else if failed && line.starts_with(b"{") {
+            out.extend_from_slice(&mask_message(line));
         } else {
             out.extend_from_slice(line);
         }
         at = end;
     }
+    out
+}
+
+/// A JSON answer with the value of its `"message"` masked.
+fn mask_message(body: &[u8]) -> Vec<u8> {
+    const KEY: &[u8] = b"\"message\":\"";
+    let Some(at) = find(body, KEY) else {
+        return body.to_vec();
+    };
+    let from = at + KEY.len();
+    // The value ends at the first quote not escaped.
+    let mut end = from;
+    while end < body.len() && !(body[end] == b'"' && body[end - 1] != b'\\') {
+        end += 1;
+    }
+    let mut out = body[..from].to_vec();
+    out.extend_from_slice(b"<masked>");
+    out.extend_from_slice(&body[end.min(body.len())..]);
     out
 }
 
@@ -166,6 +194,15 @@ pub(crate) fn strict_framing(req: &[u8]) -> bool {
 ///   chunk sizes than when hyper read the connection from its start: hyper re-chunks by the
 ///   reads it happens to get. Chunk boundaries carry no meaning (RFC 9112 7.1); the head and
 ///   the data must be the same, so the bodies are compared as their decoded data.
+/// - `cut-response`: the upstream closed mid-body (`x-resp: cut*`). Both paths close the
+///   client connection without a whole response; the fast path has relayed the head and
+///   the bytes it got, then resets, while hyper's server usually sends nothing (it had not
+///   flushed the head when the body failed). Either way the client sees a cut response.
+///   Accepted when both closed and neither sent a whole response.
+/// - `unannounced-close`: a refused request whose body was not drained (over
+///   `max_body_bytes`): both paths answer the same and close; only the fast path says
+///   `connection: close` (hyper's server closes without saying so). Accepted when both
+///   closed and the answers are the same but for that field.
 pub(crate) fn normalize_pair(reqs: &[Case], a: &mut Outcome, b: &mut Outcome) -> Vec<&'static str> {
     let mut applied = Vec::new();
     if reqs.len() == 1
@@ -184,7 +221,10 @@ pub(crate) fn normalize_pair(reqs: &[Case], a: &mut Outcome, b: &mut Outcome) ->
         applied.push("strict-framing");
         return applied;
     }
-    if reqs[0].bytes.windows(14).any(|w| w == b"x-resp: early4" || w == b"x-resp: early2")
+    if reqs[0]
+        .bytes
+        .windows(14)
+        .any(|w| w == b"x-resp: early4" || w == b"x-resp: early2")
         && String::from_utf8_lossy(&a.responses[0]).replacen("connection: close\r\n", "", 1)
             == String::from_utf8_lossy(&b.responses[0]).replacen("connection: close\r\n", "", 1)
     {
@@ -196,6 +236,36 @@ pub(crate) fn normalize_pair(reqs: &[Case], a: &mut Outcome, b: &mut Outcome) ->
         };
         applied.push("early-answer");
         return applied;
+    }
+    let cut = |r: &[u8]| r.is_empty() || r.ends_with(b"<<INCOMPLETE>>");
+    if reqs[0].bytes.windows(11).any(|w| w == b"x-resp: cut")
+        && a.closed
+        && b.closed
+        && a.upstream == b.upstream
+        && cut(&a.responses[0])
+        && cut(&b.responses[0])
+    {
+        *a = Outcome {
+            responses: b.responses.clone(),
+            extra: b.extra.clone(),
+            closed: b.closed,
+            upstream: b.upstream.clone(),
+        };
+        applied.push("cut-response");
+        return applied;
+    }
+    let unsaid = |r: &[u8]| String::from_utf8_lossy(r).replacen("connection: close\r\n", "", 1);
+    if a.closed
+        && b.closed
+        && a.responses[0] != b.responses[0]
+        && unsaid(&a.responses[0]) == unsaid(&b.responses[0])
+        && a.responses[0]
+            .windows(19)
+            .any(|w| w == b"connection: close\r\n")
+        && a.upstream == b.upstream
+    {
+        a.responses[0] = b.responses[0].clone();
+        applied.push("unannounced-close");
     }
     for i in 0..a.upstream.len().min(b.upstream.len()) {
         let (ua, ub) = (&a.upstream[i], &b.upstream[i]);

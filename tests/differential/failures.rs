@@ -79,7 +79,8 @@ pub(crate) fn req(method: &str, path: &str, extra: &[&str], body: &[u8]) -> Case
 
 /// A request with a chunked body, in chunks of at most 10000 bytes.
 pub(crate) fn req_chunked(path: &str, extra: &[&str], body: &[u8]) -> Case {
-    let mut head = format!("POST {path} HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: chunked\r\n");
+    let mut head =
+        format!("POST {path} HTTP/1.1\r\nhost: a.test\r\ntransfer-encoding: chunked\r\n");
     for h in extra {
         head.push_str(h);
         head.push_str("\r\n");
@@ -104,7 +105,9 @@ fn refs(v: &[String]) -> Vec<&str> {
 
 /// A body of `n` bytes, distinct per size (a mix-up of bodies shows in the upstream bytes).
 pub(crate) fn body(n: usize) -> Vec<u8> {
-    (0..n).map(|i| b"abcdefghijklmnopqrstuvwxyz0123456789"[(i + n) % 36]).collect()
+    (0..n)
+        .map(|i| b"abcdefghijklmnopqrstuvwxyz0123456789"[(i + n) % 36])
+        .collect()
 }
 
 /// The fixed corpus: (name, requests on one connection, `true`: an `Expect: 100-continue`
@@ -131,44 +134,63 @@ pub(crate) fn corpus() -> Vec<(String, Vec<Case>, bool)> {
             "garbage_open",
         ] {
             let hk = h(kind);
-            add(&mut out, format!("{kind} POST {path}"), vec![req("POST", path, &refs(&hk), b"data")]);
-            add(&mut out, format!("{kind} GET {path}, then GET"), vec![
-                req("GET", path, &refs(&hk), b""),
-                req("GET", path, &refs(&h("plain")), b""),
-            ]);
+            add(
+                &mut out,
+                format!("{kind} POST {path}"),
+                vec![req("POST", path, &refs(&hk), b"data")],
+            );
+            add(
+                &mut out,
+                format!("{kind} GET {path}, then GET"),
+                vec![
+                    req("GET", path, &refs(&hk), b""),
+                    req("GET", path, &refs(&h("plain")), b""),
+                ],
+            );
         }
         let hk = h("cutcl");
-        add(&mut out, format!("cutcl HEAD {path}"), vec![req("HEAD", path, &refs(&hk), b"")]);
+        add(
+            &mut out,
+            format!("cutcl HEAD {path}"),
+            vec![req("HEAD", path, &refs(&hk), b"")],
+        );
         // Bodies of several read chunks (16 KiB, 64 KiB and more), then a request after them.
         for n in [16 * 1024 + 1, 64 * 1024 + 1, 300_000] {
             let hp = h("plain");
-            add(&mut out, format!("POST {n} bytes {path}, then GET"), vec![
-                req("POST", path, &refs(&hp), &body(n)),
-                req("GET", path, &refs(&hp), b""),
-            ]);
-            add(&mut out, format!("chunked POST {n} bytes {path}"), vec![req_chunked(
-                path,
-                &refs(&hp),
-                &body(n),
-            )]);
+            add(
+                &mut out,
+                format!("POST {n} bytes {path}, then GET"),
+                vec![
+                    req("POST", path, &refs(&hp), &body(n)),
+                    req("GET", path, &refs(&hp), b""),
+                ],
+            );
+            add(
+                &mut out,
+                format!("chunked POST {n} bytes {path}"),
+                vec![req_chunked(path, &refs(&hp), &body(n))],
+            );
         }
         // Upstream answers before reading the body.
         for kind in ["early413close", "early413", "early200"] {
             let hk = h(kind);
-            add(&mut out, format!("{kind} POST 200000 bytes {path}, then GET"), vec![
-                req("POST", path, &refs(&hk), &body(200_000)),
-                req("GET", path, &refs(&h("plain")), b""),
-            ]);
+            add(
+                &mut out,
+                format!("{kind} POST 200000 bytes {path}, then GET"),
+                vec![
+                    req("POST", path, &refs(&hk), &body(200_000)),
+                    req("GET", path, &refs(&h("plain")), b""),
+                ],
+            );
         }
         // Expect: 100-continue, with the body written at once (as clients that do not wait).
         let mut he = h("plain");
         he.push("expect: 100-continue".to_owned());
-        add(&mut out, format!("expect, body at once, 70000 bytes {path}"), vec![req(
-            "POST",
-            path,
-            &refs(&he),
-            &body(70_000),
-        )]);
+        add(
+            &mut out,
+            format!("expect, body at once, 70000 bytes {path}"),
+            vec![req("POST", path, &refs(&he), &body(70_000))],
+        );
         // ... and with the body written after the interim 100 only.
         out.push((
             format!("expect, body after 100, 20000 bytes {path}"),
@@ -189,7 +211,12 @@ pub(crate) fn corpus() -> Vec<(String, Vec<Case>, bool)> {
     ));
     out.push((
         "acct 70000 bytes, expect".to_owned(),
-        vec![req("POST", "/acct/1", &[tok, "expect: 100-continue"], &body(70_000))],
+        vec![req(
+            "POST",
+            "/acct/1",
+            &[tok, "expect: 100-continue"],
+            &body(70_000),
+        )],
         true,
     ));
     out.push((
@@ -199,17 +226,21 @@ pub(crate) fn corpus() -> Vec<(String, Vec<Case>, bool)> {
     ));
     // Never answered: the /slow route's response_timeout_ms (200) gives a 504.
     for (name, reqs) in [
-        ("hang GET /slow, then GET", vec![
-            req("GET", "/slow/1", &["x-resp: hang"], b""),
-            req("GET", "/slow/1", &[], b""),
-        ]),
-        ("hang POST 70000 bytes /slow", vec![req(
-            "POST",
-            "/slow/2",
-            &["x-resp: hang"],
-            &body(70_000),
-        )]),
-        ("slowhead GET /slow", vec![req("GET", "/slow/3", &["x-resp: slowhead"], b"")]),
+        (
+            "hang GET /slow, then GET",
+            vec![
+                req("GET", "/slow/1", &["x-resp: hang"], b""),
+                req("GET", "/slow/1", &[], b""),
+            ],
+        ),
+        (
+            "hang POST 70000 bytes /slow",
+            vec![req("POST", "/slow/2", &["x-resp: hang"], &body(70_000))],
+        ),
+        (
+            "slowhead GET /slow",
+            vec![req("GET", "/slow/3", &["x-resp: slowhead"], b"")],
+        ),
     ] {
         out.push((name.to_owned(), reqs, false));
     }
@@ -226,7 +257,7 @@ pub(crate) async fn run_fixed(side: &Side, reqs: &[Case], expect: bool) -> Outco
     let r = &reqs[0];
     let split = find(&r.bytes, b"\r\n\r\n").unwrap() + 4;
     let mut c = Client::connect(side.addr).await;
-    side.peers.lock().unwrap().push(c.port());
+    side.peers.lock().unwrap().push(c.id());
     let mut out = Vec::new();
     let mut open = c.write(&r.bytes[..split]).await;
     if open {

@@ -41,7 +41,9 @@ pub(crate) fn samples(text: &str) -> BTreeMap<String, String> {
         .filter(|l| l.starts_with("palisade_"))
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
-            excluded(series).is_none().then(|| (series.to_owned(), value.to_owned()))
+            excluded(series)
+                .is_none()
+                .then(|| (series.to_owned(), value.to_owned()))
         })
         .collect()
 }
@@ -111,7 +113,7 @@ pub(crate) fn may_be_accepted(reqs: &[Case]) -> bool {
 #[derive(Default)]
 pub(crate) struct Excluded {
     delta: [Snapshot; 2],
-    ports: [std::collections::BTreeSet<u16>; 2],
+    peers: [std::collections::BTreeSet<std::net::IpAddr>; 2],
 }
 
 impl Excluded {
@@ -127,7 +129,11 @@ impl Excluded {
     ) {
         let (ma, mb) = tokio::join!(proxies[0].marks(), proxies[1].marks());
         let marks = [ma, mb];
-        for (resource, path) in [("orders", "/orders/sync"), ("acct", "/acct"), ("ex", "/exact")] {
+        for (resource, path) in [
+            ("orders", "/orders/sync"),
+            ("acct", "/acct"),
+            ("ex", "/exact"),
+        ] {
             let m = |i: usize| marks[i].get(resource).and_then(serde_json::Value::as_u64);
             let (a, b) = (m(0).unwrap_or(0), m(1).unwrap_or(0));
             if a == b {
@@ -137,8 +143,8 @@ impl Excluded {
             let sync = format!(
                 "POST {path} HTTP/1.1\r\nhost: a.test\r\nx-fencing-token: {to}\r\ncontent-length: 0\r\n\r\n"
             );
-            let mut c = Client::connect(sides[behind].addr).await;
-            sides[behind].peers.lock().unwrap().push(c.port());
+            let mut c = Client::connect_aside(sides[behind].addr).await;
+            sides[behind].peers.lock().unwrap().push(c.id());
             let mut out = Vec::new();
             assert!(c.write(sync.as_bytes()).await && c.response(false, &mut out).await);
             assert!(out.starts_with(b"HTTP/1.1 200 "), "resync: {}", show(&out));
@@ -151,7 +157,7 @@ impl Excluded {
             }
             // The case's connection(s), and the resync's.
             let peers = sides[i].peers.lock().unwrap();
-            self.ports[i].extend(&peers[before.1[i]..]);
+            self.peers[i].extend(&peers[before.1[i]..]);
         }
     }
 }
@@ -185,16 +191,17 @@ pub(crate) async fn compare_state(
     }
     let (ma, mb) = tokio::join!(proxies[0].marks(), proxies[1].marks());
     if ma != mb {
-        findings.push(format!("marks differ {when}:\n    fast {ma}\n    hyper {mb}"));
+        findings.push(format!(
+            "marks differ {when}:\n    fast {ma}\n    hyper {mb}"
+        ));
     }
 }
 
-/// The client port of an access log line (0 if none).
-fn peer_port(l: &str) -> u16 {
+/// The client address of an access log line: each of the test's connections has its own.
+fn peer(l: &str) -> Option<std::net::IpAddr> {
     serde_json::from_str::<serde_json::Value>(l)
         .ok()
-        .and_then(|v| v.get("peer")?.as_str()?.rsplit_once(':')?.1.parse().ok())
-        .unwrap_or(0)
+        .and_then(|v| v.get("peer")?.as_str()?.rsplit_once(':')?.0.parse().ok())
 }
 
 /// An access log line with what differs between any two runs masked: the time, the client's
@@ -227,12 +234,16 @@ pub(crate) fn access_log_diff(paths: [&Path; 2], excluded: &Excluded, findings: 
         std::fs::read_to_string(paths[i])
             .unwrap_or_default()
             .lines()
-            .filter(|l| !excluded.ports[i].contains(&peer_port(l)))
+            .filter(|l| !peer(l).is_some_and(|p| excluded.peers[i].contains(&p)))
             .map(mask_line)
             .collect()
     };
     let (a, b) = (read(0), read(1));
-    println!("access log: fast {} lines, hyper {} lines", a.len(), b.len());
+    println!(
+        "access log: fast {} lines, hyper {} lines",
+        a.len(),
+        b.len()
+    );
     let mut count: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
     for l in &a {
         count.entry(l).or_default().0 += 1;

@@ -162,7 +162,9 @@ impl Conn {
                 drop(inflight);
                 let refused = proxy.aborted(route, token, grpc, self.peer.addr, started, note);
                 let keep = !close && (body == 0 || delivered.load(Relaxed));
-                return self.answer_failed(refused, head_request, logged, keep).await;
+                return self
+                    .answer_failed(refused, head_request, logged, keep)
+                    .await;
             }
             Some(Err(Failed::ClientGone)) => return After::Close,
             Some(Err(Failed::Upstream(rejection))) => {
@@ -180,7 +182,9 @@ impl Conn {
                     note,
                 );
                 let keep = !close && (body == 0 || delivered.load(Relaxed));
-                return self.answer_failed(refused, head_request, logged, keep).await;
+                return self
+                    .answer_failed(refused, head_request, logged, keep)
+                    .await;
             }
             Some(Ok(a)) => a,
         };
