@@ -916,3 +916,50 @@ async fn a_client_still_sending_a_refused_body_gets_the_answer() {
         }
     }
 }
+
+/// A 502 keeps the client connection only when the request was taken whole: a body that never
+/// left (the upstream could not be reached) is never read as the next request.
+#[tokio::test]
+async fn a_failed_requests_unsent_body_is_never_read_as_the_next_request() {
+    // An address nothing listens on.
+    let dead = {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        l.local_addr().unwrap()
+    };
+    for fast in [true, false] {
+        let e = env_with(fast, "", Some(dead)).await;
+        // Served as a request, the body would get a 428 (a guarded route, no token).
+        let inner = "GET /orders/1 HTTP/1.1\r\nhost: a\r\n\r\n";
+        let mut s = TcpStream::connect(e.proxy.addr).await.unwrap();
+        let req = format!(
+            "POST /x HTTP/1.1\r\nhost: a\r\ncontent-length: {}\r\n\r\n{inner}GET /y HTTP/1.1\r\nhost: a\r\n\r\n",
+            inner.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        // The fast path closes after the 502 (the body was not taken); hyper's drains the
+        // body and answers the next request. Never a 428.
+        let got = responses(&mut s, 2).await;
+        let want: &[u16] = if fast { &[502] } else { &[502, 502] };
+        assert_eq!(statuses(&got), want, "fast path {fast}: {got}");
+        // Without a body, the connection stays open after the 502, on both paths.
+        let mut s = TcpStream::connect(e.proxy.addr).await.unwrap();
+        s.write_all(b"GET /x HTTP/1.1\r\nhost: a\r\n\r\nGET /y HTTP/1.1\r\nhost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let got = responses(&mut s, 2).await;
+        assert_eq!(statuses(&got), [502, 502], "fast path {fast}: {got}");
+    }
+}
+
+/// Reads until `n` responses' heads have arrived, or the connection ended.
+async fn responses(s: &mut TcpStream, n: usize) -> String {
+    let mut got = String::new();
+    while statuses(&got).len() < n {
+        let more = read_until(s, "}").await;
+        if more.is_empty() {
+            break;
+        }
+        got.push_str(&more);
+    }
+    got
+}
