@@ -243,3 +243,70 @@ async fn open_websockets_count_toward_max_connections_until_they_close() {
     );
     b.close(None).await.unwrap();
 }
+
+/// A tunnel is two independent directions: after the upstream ends its side, what the client
+/// sends still reaches the upstream (the proxy's end of the client connection is shut down for
+/// writing, never drained as a closing connection's is).
+#[tokio::test]
+async fn after_the_upstream_ends_its_side_the_client_still_reaches_it() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let (got_tx, got_rx) = tokio::sync::oneshot::channel::<Vec<u8>>();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut b = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = s.read(&mut b).await.unwrap();
+            assert!(n > 0);
+            head.extend_from_slice(&b[..n]);
+        }
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\
+              sec-websocket-accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        s.shutdown().await.unwrap(); // the upstream's side ends here
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest).await;
+        let _ = got_tx.send(rest);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let text = support::render(CONFIG, up, &dir.path().join("marks.json"));
+    let p = support::proxy(&text, dir.path()).await;
+    let mut c = TcpStream::connect(p.addr).await.unwrap();
+    c.write_all(
+        b"GET /ws HTTP/1.1\r\nhost: a\r\nx-fencing-token: 7\r\nupgrade: websocket\r\n\
+          connection: upgrade\r\nsec-websocket-version: 13\r\n\
+          sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    // The 101, then the end of the upstream's side.
+    let mut from_up = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut from_up))
+        .await
+        .expect("the upstream's end reaches the client")
+        .unwrap();
+    assert!(
+        from_up.starts_with(b"HTTP/1.1 101 "),
+        "{}",
+        String::from_utf8_lossy(&from_up)
+    );
+    // Enough that the tunnel's writes to the upstream wait at times.
+    let sent: Vec<u8> = (0..16u32 << 20).map(|i| (i % 251) as u8).collect();
+    c.write_all(&sent).await.unwrap();
+    c.shutdown().await.unwrap();
+    let rest = tokio::time::timeout(Duration::from_secs(10), got_rx)
+        .await
+        .expect("the client's side ends at the upstream")
+        .unwrap();
+    assert!(
+        rest == sent,
+        "{} of {} bytes arrived",
+        rest.len(),
+        sent.len()
+    );
+}

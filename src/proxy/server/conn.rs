@@ -127,6 +127,10 @@ impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<I> {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        // A tunnel shuts down one direction and goes on reading the other.
+        if this.state.may_tunnel() {
+            return Pin::new(&mut this.io).poll_shutdown(cx);
+        }
         this.closing.poll_close(&mut this.io, cx)
     }
 }
@@ -195,6 +199,33 @@ where
         self.inner
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A closing connection drains its client; one that may be a tunnel's only shuts down,
+    /// and what its client sends after is still there to be read.
+    #[tokio::test(start_paused = true)]
+    async fn a_tunnels_shutdown_leaves_the_clients_bytes_to_be_read() {
+        for tunnel in [false, true] {
+            let (server, mut client) = tokio::io::duplex(64);
+            let state = State::new();
+            if tunnel {
+                state.set_may_tunnel();
+            }
+            let mut io = Watched::new(server, state);
+            client.write_all(b"more").await.unwrap();
+            drop(client.shutdown().await);
+            io.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            io.read_to_end(&mut rest).await.unwrap();
+            let want: &[u8] = if tunnel { b"more" } else { b"" };
+            assert_eq!(rest, want, "tunnel {tunnel}");
+        }
     }
 }
 

@@ -286,6 +286,7 @@ pub async fn serve_first<H, F, B, C>(
             if req.headers().contains_key(http::header::UPGRADE) {
                 req.extensions_mut()
                     .insert(ConnHold(Arc::clone(&svc_counted)));
+                svc_state.set_may_tunnel();
             }
             // Boxed: hyper moves the service's future into its connection state, and the
             // future of a proxied request is kilobytes.

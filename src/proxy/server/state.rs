@@ -27,6 +27,9 @@ pub(super) struct State {
     phase: AtomicU8,
     /// A first handler's connection was asked to finish after its current request.
     stop: AtomicBool,
+    /// A request asked for an upgrade: the socket may go on as a tunnel, whose shutdown
+    /// must not linger (a lingering read would take bytes the tunnel forwards).
+    tunnel: AtomicBool,
 }
 
 /// A first handler's connection waits for a request with nothing of it read: its sentry may
@@ -58,7 +61,19 @@ impl State {
             idle_since: AtomicU64::new(0),
             phase: AtomicU8::new(WAITING),
             stop: AtomicBool::new(false),
+            tunnel: AtomicBool::new(false),
         })
+    }
+
+    /// A request asked for an upgrade (see [`State::may_tunnel`]).
+    pub(super) fn set_may_tunnel(&self) {
+        self.tunnel.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the socket may be a tunnel's: its shutdown is a plain one, with no lingering
+    /// close ([`super::linger`]).
+    pub(super) fn may_tunnel(&self) -> bool {
+        self.tunnel.load(Ordering::Relaxed)
     }
 
     /// Called by the service for each request; the guard ends it.

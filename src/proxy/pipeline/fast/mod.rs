@@ -21,6 +21,7 @@
 //! - Pipelined requests are taken one at a time: a request is not judged before the previous
 //!   one's response has been relayed whole.
 
+mod answer;
 mod exchange;
 mod fields;
 mod head;
