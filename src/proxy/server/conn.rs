@@ -100,38 +100,17 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     }
 }
 
-impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<I> {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
+crate::server::write_through!(Watched, shutdown = shut);
 
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        // A tunnel shuts down one direction and goes on reading the other.
-        if this.state.may_tunnel() {
-            return Pin::new(&mut this.io).poll_shutdown(cx);
+impl<I: AsyncRead + AsyncWrite + Unpin> Watched<I> {
+    /// Shuts the connection down when hyper is done with it: a lingering close
+    /// ([`super::linger`]), except for a socket that may be a tunnel's, which shuts down one
+    /// direction and goes on reading the other.
+    fn shut(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.state.may_tunnel() {
+            return Pin::new(&mut self.io).poll_shutdown(cx);
         }
-        this.closing.poll_close(&mut this.io, cx)
+        self.closing.poll_close(&mut self.io, cx)
     }
 }
 

@@ -11,37 +11,50 @@
 //! the accept loop spin (see [`serve_with`]).
 
 /// `AsyncWrite` for a read-side wrapper `$t<I>` with an `io: I` field: writes go straight
-/// through (the wrappers only watch or replay what is read).
+/// through (the wrappers only watch or replay what is read). With `shutdown = $f`, the
+/// wrapper's own `fn $f(&mut self, cx)` shuts it down (and `I` must be readable too).
 macro_rules! write_through {
     ($t:ident) => {
         impl<I: AsyncWrite + Unpin> AsyncWrite for $t<I> {
-            fn poll_write(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                buf: &[u8],
-            ) -> Poll<io::Result<usize>> {
-                Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-            }
-
-            fn poll_write_vectored(
-                self: Pin<&mut Self>,
-                cx: &mut Context<'_>,
-                bufs: &[io::IoSlice<'_>],
-            ) -> Poll<io::Result<usize>> {
-                Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
-            }
-
-            fn is_write_vectored(&self) -> bool {
-                self.io.is_write_vectored()
-            }
-
-            fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-                Pin::new(&mut self.get_mut().io).poll_flush(cx)
-            }
+            $crate::server::write_through!(@methods);
 
             fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
             }
+        }
+    };
+    ($t:ident, shutdown = $f:ident) => {
+        impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for $t<I> {
+            $crate::server::write_through!(@methods);
+
+            fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+                self.get_mut().$f(cx)
+            }
+        }
+    };
+    (@methods) => {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        }
+
+        fn poll_write_vectored(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            bufs: &[io::IoSlice<'_>],
+        ) -> Poll<io::Result<usize>> {
+            Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        }
+
+        fn is_write_vectored(&self) -> bool {
+            self.io.is_write_vectored()
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().io).poll_flush(cx)
         }
     };
 }
