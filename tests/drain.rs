@@ -1228,6 +1228,64 @@ async fn aborted_grpc_streams_never_end_cleanly_at_a_tonic_upstream() {
     }
 }
 
+/// A caller that goes away in the middle of a client stream (its connection dies, or it
+/// cancels the call) must not end that stream cleanly at a tonic upstream either, which would
+/// apply its partial stream. Twenty rounds of each: a client stream with one message, open;
+/// then the caller's connection is dropped (even rounds) or its call cancelled (odd rounds);
+/// at the upstream, the stream must fail, not end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_caller_gone_mid_stream_never_ends_it_cleanly_at_a_tonic_upstream() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::grpc::sum_upstream().await;
+    let text = support::render(GRPC_RACE_CONFIG, up.addr, dir.path());
+    let proxy = support::proxy(&text, dir.path()).await;
+    let call_of = |label: &str| {
+        up.sums
+            .calls()
+            .into_iter()
+            .find(|c| c.label.as_deref() == Some(label))
+    };
+    for i in 0..40u32 {
+        let label = format!("gone-{i}");
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let mut c = EchoClient::connect(proxy.addr).await;
+        let keep = (i % 2 == 1).then(|| c.clone());
+        let call = tokio::spawn(async move {
+            c.sum(tokio_stream::wrappers::ReceiverStream::new(rx), Some("7"))
+                .await
+        });
+        tx.send(Msg {
+            text: label.clone(),
+            n: 1,
+        })
+        .await
+        .unwrap();
+        wait_until(
+            "the message at the upstream",
+            Duration::from_secs(5),
+            || call_of(&label).is_some_and(|c| c.received == 1),
+        )
+        .await;
+        // Dropping the only client (even rounds) closes its connection; with a clone kept
+        // (odd rounds) only the call is cancelled.
+        call.abort();
+        let _ = call.await;
+        drop(keep);
+        wait_until(
+            "the call to end at the upstream",
+            Duration::from_secs(5),
+            || call_of(&label).is_some_and(|c| c.ended || c.error.is_some()),
+        )
+        .await;
+        let c = call_of(&label).unwrap();
+        assert!(
+            !c.ended,
+            "round {i}: the upstream saw the clean end of a stream whose caller went away: {c:?}"
+        );
+        drop(tx);
+    }
+}
+
 // The HTTP/1.1 drain tests run on hyper's data path and on the HTTP/1.1 fast path.
 /// A request whose body was handed to the upstream whole cannot be taken back: when the drain
 /// runs out of time it is waited for (until its response head, within the abort grace) rather
@@ -1278,6 +1336,55 @@ async fn a_request_delivered_whole_is_waited_for_when_the_drain_runs_out() {
         assert_eq!(old_answer.map(|r| r.0), Ok(200), "{path}");
     }
     assert!(drain_metrics(&proxy, "orders").await.timeouts >= 2.0);
+}
+
+/// A client that hangs up after its request went to the upstream whole does not take the
+/// request back: the upstream may still apply it. Its exchange stays tracked until the
+/// upstream answers, so a newer owner's drain waits for it as for any other delivered request.
+/// Here the old owner's client closes its connection as soon as the upstream has the request;
+/// the upstream applies it 400 ms later. The new owner's request (drain time 3 s) must reach
+/// the upstream only after that, on HTTP/1.1 and on h2c upstreams; and the drain does not run
+/// out (the upstream answered well within it).
+async fn a_delivered_request_whose_client_hung_up_is_still_waited_for() {
+    let (up, proxy, _dir) = setup(3000, Some(1)).await;
+    for (round, path) in ["/orders/h", "/h2/orders/h"].into_iter().enumerate() {
+        let old_token = 1 + round as u64;
+        let (old_id, new_id) = (format!("old-{round}"), format!("new-{round}"));
+        let mut old = TcpStream::connect(proxy.addr).await.unwrap();
+        old.write_all(
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\nx-fencing-token: {old_token}\r\n\
+                 x-id: {old_id}\r\nx-apply-after-ms: 400\r\ncontent-length: 10\r\n\r\n0123456789"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+        wait_until(
+            "the old request read whole at the upstream",
+            Duration::from_secs(5),
+            || up.rec.received(&old_id) == 10,
+        )
+        .await;
+        drop(old);
+        // Time for the proxy to see the hang-up before the new owner comes.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let (new_answer, _) =
+            post_now(proxy.addr, path, old_token + 1, &new_id, b"0123456789").await;
+        assert_eq!(new_answer.map(|r| r.0), Ok(200), "{path}");
+        let applied = up.rec.find(&old_id, Kind::Complete).unwrap_or_else(|| {
+            panic!("{path}: the new owner went ahead before the old write was applied")
+        });
+        let started = up.rec.find(&new_id, Kind::Start).unwrap();
+        assert!(
+            applied.seq < started.seq,
+            "{path}: the old owner's write was applied after the new owner's request reached \
+             the upstream ({applied:?} after {started:?})"
+        );
+    }
+    let m = drain_metrics(&proxy, "orders").await;
+    assert_eq!((m.timeouts, m.aborted), (0.0, 0.0));
+    assert_eq!(m.count, 2.0);
 }
 
 /// The abort reaches a request that is not its connection's first under the mark: the fast
@@ -1332,6 +1439,7 @@ support::on_both_paths!(
     zombie_frozen_mid_body_http1,
     stress_no_lower_token_completes_after_a_higher_one_started,
     a_request_delivered_whole_is_waited_for_when_the_drain_runs_out,
+    a_delivered_request_whose_client_hung_up_is_still_waited_for,
 );
 
 // ------------------------------------------------------------------------------------------

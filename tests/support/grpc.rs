@@ -145,6 +145,7 @@ async fn upstream_with(
 }
 
 /// A tonic client for `test.Echo` at `addr` (plain h2c).
+#[derive(Clone)]
 pub struct EchoClient(tonic::client::Grpc<tonic::transport::Channel>);
 
 impl EchoClient {

@@ -11,6 +11,7 @@ use hyper::body::Incoming;
 use prometheus::IntGauge;
 
 use super::affine::Held;
+use super::forward::error_chain;
 use crate::drain::Ticket;
 use crate::flight::{poll_fenced, BodyError, Flight};
 
@@ -164,6 +165,15 @@ pub(super) struct BodyLimit {
     pub(super) hit: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// Why the client's body failed, as text only. hyper resets an HTTP/2 upstream stream whose
+/// body failed with the first HTTP/2 reason it finds among the error's causes: a client that
+/// cancels its call mid-stream (`RST_STREAM(CANCEL)`) would have its `CANCEL` passed on, which
+/// a tonic upstream reads as the stream's clean end and would apply the partial stream. With
+/// no cause to find, hyper resets with `INTERNAL_ERROR`, as for a drain's abort.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(super) struct BodyFailed(String);
+
 /// The error a body fails with past `max_body_bytes`.
 #[derive(Debug, thiserror::Error)]
 #[error("the request body is larger than the route's max_body_bytes ({0})")]
@@ -185,6 +195,9 @@ impl Body for RequestBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let polled = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
+        if let Poll::Ready(Some(Err(e))) = polled {
+            return Poll::Ready(Some(Err(Box::new(BodyFailed(error_chain(&*e))))));
+        }
         if let (Some(d), Poll::Ready(None)) = (&this.delivered, &polled) {
             d.set();
         }

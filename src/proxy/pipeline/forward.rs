@@ -14,13 +14,12 @@ use super::affine::{self, Held, Home};
 use super::body::{Delivered, RequestBody};
 use super::upstream::{Upstream, Via};
 use super::Affinity;
-use crate::config::RouteSettings;
 use crate::drain::Generation;
 use crate::reject::Rejection;
 
 /// How long an aborted request's pooled (h2c) exchange is kept alive so that it ends with an
 /// error reset rather than a cancel (see [`forward`]).
-const ABORT_HOLD: Duration = Duration::from_secs(30);
+pub(super) const ABORT_HOLD: Duration = Duration::from_secs(30);
 
 /// What became of a forwarded request.
 // Returned once per request and matched at once: boxing the answer would cost an allocation
@@ -34,13 +33,14 @@ pub(super) enum Forwarded {
     Aborted,
 }
 
-/// What a guarded request's exchange watches for a newer owner's drain.
-#[derive(Clone, Copy)]
-pub(super) struct Abort<'a> {
+/// What a guarded request's exchange watches for a newer owner's drain. Owned, like all of
+/// the exchange's inputs: an exchange whose client hangs up after its request went out whole
+/// lives on in a task of its own (see [`super::hangup`]).
+pub(super) struct Abort {
     /// The generation of the request's drain ticket.
-    pub(super) generation: &'a Arc<Generation>,
+    pub(super) generation: Arc<Generation>,
     /// Whether its body went to the upstream connection whole (`None`: never counts as sent).
-    pub(super) delivered: Option<&'a Delivered>,
+    pub(super) delivered: Option<Delivered>,
 }
 
 /// Sends `req` to `upstream` at most once. When a newer owner's drain aborts the request
@@ -48,23 +48,25 @@ pub(super) struct Abort<'a> {
 /// receives its end (see the notes in the body). One whose body was handed over whole is
 /// waited for instead: the upstream may apply it whatever palisade does now, so its answer is
 /// what tells the drain it is over (the drain waits for it at most its abort grace).
+///
+/// `limit` is the route's response timeout, `connect` its connect timeout.
 pub(super) async fn forward(
-    upstream: &Upstream,
-    route: &RouteSettings,
-    affinity: &Arc<Affinity>,
+    upstream: Arc<Upstream>,
+    connect: Duration,
+    limit: Option<Duration>,
+    affinity: Arc<Affinity>,
     req: Request<RequestBody>,
-    abort: Option<Abort<'_>>,
+    abort: Option<Abort>,
 ) -> Forwarded {
-    let limit = route.response_timeout;
     match &upstream.via {
         Via::Affine(pool) => {
             let home = Home {
-                affinity: Arc::clone(affinity),
+                affinity,
                 pool: Arc::clone(pool),
             };
             // Combinators, not an async block: the request lives in one place (the send) and
             // the state every request moves stays small (see [`Abortable`]).
-            let sent = affine::send(&home, &upstream.dialer, route.connect_timeout, req);
+            let sent = affine::send(&home, &upstream.dialer, connect, req);
             // HTTP/1.1: dropping the exchange closes the upstream connection, before the body
             // is complete if it was still being sent, so the upstream never sees its end.
             let Some(r) = abortable(Within::new(limit, sent), abort).await else {
@@ -117,13 +119,14 @@ pub(super) async fn forward(
 /// (`abort`) while its body is not yet handed over whole; `call` is then dropped, which closes
 /// its connection. After the body was handed over whole, an abort is ignored and `call` runs
 /// to its end.
-pub(super) fn abortable<'a, F: Future>(
+pub(super) fn abortable<F: Future>(
     call: F,
-    abort: Option<Abort<'a>>,
-) -> Abortable<'a, F, impl Future<Output = ()> + 'a> {
+    abort: Option<Abort>,
+) -> Abortable<F, impl Future<Output = ()>> {
+    let (generation, delivered) = abort.map(|a| (a.generation, a.delivered)).unzip();
     Abortable {
-        abort: abort.map(|a| a.generation.aborted()),
-        delivered: abort.and_then(|a| a.delivered),
+        abort: generation.map(|g| async move { g.aborted().await }),
+        delivered: delivered.flatten(),
         call,
     }
 }
@@ -132,16 +135,16 @@ pin_project_lite::pin_project! {
     /// [`abortable`]'s future. Written out rather than as an async fn with a `select!`: that
     /// kept `call` twice (the argument and the select's copy), and every request's future
     /// (moved whole at each level on its way into hyper's connection) grew by its size.
-    pub(super) struct Abortable<'a, F, A> {
+    pub(super) struct Abortable<F, A> {
         #[pin]
         abort: Option<A>,
-        delivered: Option<&'a Delivered>,
+        delivered: Option<Delivered>,
         #[pin]
         call: F,
     }
 }
 
-impl<F: Future, A: Future<Output = ()>> Future for Abortable<'_, F, A> {
+impl<F: Future, A: Future<Output = ()>> Future for Abortable<F, A> {
     type Output = Option<F::Output>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -150,7 +153,7 @@ impl<F: Future, A: Future<Output = ()>> Future for Abortable<'_, F, A> {
         // upstream error in the same wake-up, and that must not turn the 409 into a 502.
         if let Some(abort) = this.abort.as_mut().as_pin_mut() {
             if abort.poll(cx).is_ready() {
-                if !this.delivered.is_some_and(Delivered::is_whole) {
+                if !this.delivered.as_ref().is_some_and(Delivered::is_whole) {
                     return Poll::Ready(None);
                 }
                 // Handed over whole: only the upstream's answer ends it now.

@@ -12,6 +12,7 @@ mod dial;
 pub(crate) mod fast;
 mod fields;
 mod forward;
+mod hangup;
 mod note;
 mod refuse;
 mod request;
@@ -142,7 +143,7 @@ impl Proxy {
             normalized_host,
             close_upstream,
             limit,
-            inflight,
+            mut inflight,
             grpc,
         } = match self.admit(&req, peer, started, note).await {
             Ok(a) => a,
@@ -153,7 +154,7 @@ impl Proxy {
 
         // The request body and the response each hold a half of the drain ticket: the exchange
         // counts as in flight until both are over.
-        let (ticket, body_ticket) = match ticket.map(Ticket::split) {
+        let (mut ticket, body_ticket) = match ticket.map(Ticket::split) {
             Some((response, body)) => (Some(response), Some(body)),
             None => (None, None),
         };
@@ -198,17 +199,24 @@ impl Proxy {
             // Boxed: the exchange's state is the largest part of a request's future, which is
             // moved whole at every level on its way into hyper (a memcpy per level and
             // request); a box is one small allocation.
-            Box::pin(forward(
-                upstream,
-                &route.settings,
-                affinity,
+            let call = Box::pin(forward(
+                Arc::clone(upstream),
+                route.settings.connect_timeout,
+                route.settings.response_timeout,
+                Arc::clone(affinity),
                 req,
                 aborted.as_ref().map(|generation| Abort {
-                    generation,
-                    delivered: delivered.as_ref(),
+                    generation: Arc::clone(generation),
+                    delivered: delivered.clone(),
                 }),
-            ))
-            .await
+            ));
+            // Kept alive if the client hangs up after the request went out whole.
+            let multiplexed = matches!(upstream.via, upstream::Via::Pooled(_));
+            let mut exchange =
+                hangup::Exchange::new(call, delivered.clone(), multiplexed, ticket, inflight);
+            let forwarded = (&mut exchange).await;
+            (ticket, inflight) = exchange.into_kept();
+            forwarded
         };
         let result = match forwarded {
             Forwarded::Answered(r) => r,

@@ -89,7 +89,7 @@ pub(super) async fn forward(
         resp.map(|r| (r, None)).map_err(|e| failed(&e))
     };
     let abort = aborted.map(|generation| super::forward::Abort {
-        generation,
+        generation: Arc::clone(generation),
         delivered: None,
     });
     match abortable(call, abort).await {

@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -122,6 +123,10 @@ impl Conn {
         tokio::pin!(abort);
         let mut fired = false;
         let limit = route.settings.response_timeout;
+        // Set when the client hung up after its request went out whole: the exchange still
+        // waits for the upstream's answer (the upstream may apply the request, so a newer
+        // owner's drain must wait for it too), then ends without answering.
+        let gone = AtomicBool::new(false);
         let sent = {
             let sent = async {
                 let send = self.send(
@@ -129,7 +134,8 @@ impl Conn {
                     route.settings.connect_timeout,
                     body,
                     head_request,
-                    &delivered,
+                    (&delivered, &gone),
+                    &mut logged,
                 );
                 match limit {
                     Some(limit) => tokio::time::timeout(limit, send)
@@ -150,6 +156,13 @@ impl Conn {
                 }
                 r => r,
             }
+        };
+        if gone.into_inner() {
+            return After::Close;
+        }
+        let note = match &mut logged {
+            Some(l) => &mut l.note,
+            None => &mut plain,
         };
         let grpc2 = grpc.clone();
         let answer = match sent {
@@ -241,13 +254,18 @@ impl Conn {
     /// Sends the head in `out` and `body` bytes of body, and reads the response head. At most
     /// once: only a kept or cached socket that fails the first write (nothing of the request
     /// was accepted) is replaced by a new one.
+    ///
+    /// `delivered` is set once the request went out whole; `gone` if the client hangs up after
+    /// that, while the upstream has not answered: its access log line (`logged`) is then
+    /// written at once, as a 499, and the answer still waited for.
     async fn send(
         &mut self,
         upstream: &Upstream,
         connect: Duration,
         body: u64,
         head_request: bool,
-        delivered: &AtomicBool,
+        (delivered, gone): (&AtomicBool, &AtomicBool),
+        logged: &mut Option<Logged<'_>>,
     ) -> Result<Answer, Failed> {
         let Some(pool) = &upstream.raw_idle else {
             return Err(Failed::Upstream(Rejection::UpstreamFailed(
@@ -278,12 +296,15 @@ impl Conn {
         self.ubuf.clear();
         let Conn {
             client,
+            buf,
+            start,
             out,
             scratch,
             ubuf,
             fields,
             ..
         } = self;
+        let (client, start) = (&*client, *start);
         let (head, sent_whole) = {
             let (mut up_read, mut up_write) = sock.tcp.split();
             let upload = async {
@@ -297,9 +318,17 @@ impl Conn {
                 }
                 while left > 0 {
                     let want = usize::try_from(left).unwrap_or(usize::MAX).min(BODY_CHUNK);
-                    let n = match client.read(&mut scratch[..want]).await {
-                        Ok(0) | Err(_) => return Err(None),
-                        Ok(n) => n,
+                    // Through `&TcpStream`: the wait for a hang-up below shares the socket.
+                    let n = loop {
+                        if client.readable().await.is_err() {
+                            return Err(None);
+                        }
+                        match client.try_read(&mut scratch[..want]) {
+                            Ok(0) => return Err(None),
+                            Ok(n) => break n,
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                            Err(_) => return Err(None),
+                        }
                     };
                     up_write
                         .write_all(&scratch[..n])
@@ -310,7 +339,10 @@ impl Conn {
                 Ok::<(), Option<Failed>>(())
             };
             let download = read_head(&mut up_read, ubuf, head_request, fields);
-            tokio::pin!(upload, download);
+            // Once the request went out whole: whether the client hangs up (see `hung_up`).
+            let hangup = std::future::poll_fn(|cx| hung_up(client, cx));
+            tokio::pin!(upload, download, hangup);
+            let mut watching = false;
             // The upstream may answer before it read the whole body (an early 413): the answer is
             // relayed, and neither connection is reused.
             let mut uploading = true;
@@ -328,6 +360,9 @@ impl Conn {
                             Ok(()) => {
                                 sent_whole = true;
                                 delivered.store(true, Relaxed);
+                                // Bytes of the client's already here (a pipelined request)
+                                // are not watched past: hyper's server does the same.
+                                watching = start == buf.len();
                             }
                             Err(None) => return Err(Failed::ClientGone),
                             // A write failed: the upstream may still have answered.
@@ -335,6 +370,13 @@ impl Conn {
                         }
                     }
                     r = &mut download => break r,
+                    closed = &mut hangup, if watching => {
+                        watching = false;
+                        if closed {
+                            gone.store(true, Relaxed);
+                            drop(logged.take()); // 499, now
+                        }
+                    }
                 }
             };
             match (head, upload_failed) {
@@ -377,6 +419,19 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
             }
             Err(e) => return Err(fail(&e)),
         }
+    }
+}
+
+/// Whether the client hung up, once its socket reports something: `true` when it closed its
+/// side (or failed), `false` when bytes arrived (a pipelined request: left in the socket for
+/// the next read). A peek, not a read; and only when the socket reports readiness: a request
+/// read with a short read left it clear, so on the common path this costs no system call.
+fn hung_up(client: &tokio::net::TcpStream, cx: &mut std::task::Context<'_>) -> Poll<bool> {
+    let mut one = [0u8; 1];
+    let mut peeked = tokio::io::ReadBuf::new(&mut one);
+    match std::task::ready!(client.poll_peek(cx, &mut peeked)) {
+        Ok(0) | Err(_) => Poll::Ready(true),
+        Ok(_) => Poll::Ready(false),
     }
 }
 
