@@ -27,6 +27,7 @@ mod fields;
 mod head;
 mod relay;
 mod response;
+mod send;
 mod target;
 mod upstream;
 mod upstream_head;
