@@ -350,23 +350,34 @@ async fn hanging_upstream() -> (std::net::SocketAddr, Arc<tokio::sync::Notify>) 
     (addr, arrived)
 }
 
+/// A client that hangs up after its request went upstream (here with its body in two
+/// writes) is logged at once as 499, once: not again when the upstream's response timeout
+/// (300 ms here) runs out, nor when the server stops.
 async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
     let dir = tempfile::tempdir().unwrap();
     let (addr, arrived) = hanging_upstream().await;
-    let proxy = support::proxy(&config("json", "access.log", addr), dir.path()).await;
+    let text = config("json", "access.log", addr).replace(
+        "resource = \"orders\"\n",
+        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    client.set_nodelay(true).unwrap();
     let head =
-        "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ncontent-length: 0\r\n\r\n";
+        "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ncontent-length: 10\r\n\r\n01234";
     client.write_all(head.as_bytes()).await.unwrap();
     arrived.notified().await; // admitted and forwarded
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    client.write_all(b"56789").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
     drop(client);
-    // Logged when the hang-up is seen, not when the upstream answers (it never does here)
-    // or the server stops.
+    // Logged when the hang-up is seen, not when the upstream's time runs out or the server
+    // stops.
     let path = dir.path().join("access.log");
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let dropped = std::time::Instant::now();
     while lines(&path).is_empty() {
         assert!(
-            std::time::Instant::now() < deadline,
+            dropped.elapsed() < Duration::from_secs(5),
             "no line for the hang-up"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -380,6 +391,16 @@ async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
     assert_eq!(v["token"], 8);
     assert_eq!(v["mark"], 8);
     assert_eq!(v["upstream"], "legacy");
+    let latency = v["latency_us"].as_u64().unwrap();
+    assert!(
+        latency < 250_000,
+        "logged at the hang-up, not at the timeout: {latency} us"
+    );
+    // Past the response timeout and through the shutdown: still the one line.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.shutdown().await;
+    let got = lines(&path);
+    assert_eq!(got.len(), 1, "{got:#?}");
 }
 
 // These run on hyper's data path and on the HTTP/1.1 fast path.

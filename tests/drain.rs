@@ -1267,16 +1267,16 @@ async fn a_grpc_caller_gone_mid_stream_never_ends_it_cleanly_at_a_tonic_upstream
         )
         .await;
         // Dropping the only client (even rounds) closes its connection; with a clone kept
-        // (odd rounds) only the call is cancelled.
+        // (odd rounds) only the call is cancelled, the connection stays.
         call.abort();
         let _ = call.await;
-        drop(keep);
         wait_until(
             "the call to end at the upstream",
             Duration::from_secs(5),
             || call_of(&label).is_some_and(|c| c.ended || c.error.is_some()),
         )
         .await;
+        drop(keep);
         let c = call_of(&label).unwrap();
         assert!(
             !c.ended,
@@ -1346,7 +1346,25 @@ async fn a_request_delivered_whole_is_waited_for_when_the_drain_runs_out() {
 /// the upstream only after that, on HTTP/1.1 and on h2c upstreams; and the drain does not run
 /// out (the upstream answered well within it).
 async fn a_delivered_request_whose_client_hung_up_is_still_waited_for() {
-    let (up, proxy, _dir) = setup(3000, Some(1)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    write_mark(&marks, "orders", 1);
+    let up = recorder().await;
+    let log = dir.path().join("access.log");
+    let text = support::render(CONFIG, up.addr, &marks).replace("{drain}", "3000")
+        + &format!(
+            "\n[access_log]\nformat = \"json\"\npath = \"{}\"\n",
+            log.display()
+        );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let hung_up = |n: usize| {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("\"status\":499"))
+            .count()
+            >= n
+    };
     for (round, path) in ["/orders/h", "/h2/orders/h"].into_iter().enumerate() {
         let old_token = 1 + round as u64;
         let (old_id, new_id) = (format!("old-{round}"), format!("new-{round}"));
@@ -1367,8 +1385,11 @@ async fn a_delivered_request_whose_client_hung_up_is_still_waited_for() {
         )
         .await;
         drop(old);
-        // Time for the proxy to see the hang-up before the new owner comes.
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The proxy saw the hang-up (its 499 is logged then) before the new owner comes.
+        wait_until("the hang-up logged", Duration::from_secs(5), || {
+            hung_up(round + 1)
+        })
+        .await;
         let (new_answer, _) =
             post_now(proxy.addr, path, old_token + 1, &new_id, b"0123456789").await;
         assert_eq!(new_answer.map(|r| r.0), Ok(200), "{path}");

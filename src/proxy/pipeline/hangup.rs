@@ -6,7 +6,8 @@
 //!   ticket while the upstream may still be applying the request. A zombie that sends its
 //!   write and hangs up at once would escape a newer owner's drain, whose write could then
 //!   reach the upstream before the zombie's was applied. It lives on with its ticket and ends
-//!   as any other: when the upstream answers (or its response timeout runs out).
+//!   as any other: when the upstream answers (or its response timeout runs out; at most
+//!   [`ABORT_HOLD`]).
 //! - one on an HTTP/2 upstream whose body is still streaming: dropped, hyper resets the
 //!   upstream stream with `CANCEL`, which a tonic upstream reads as the clean end of a client
 //!   stream (it would apply the partial stream). Kept, its body fails (the client is gone) and
@@ -14,7 +15,9 @@
 //!   abort; at most [`ABORT_HOLD`] if the upstream never lets the body be polled again.
 //!
 //! An HTTP/1.1 exchange whose body is still streaming is dropped: its upstream connection
-//! closes before the body's end, and the upstream never sees a complete request. The HTTP/1.1
+//! closes before the body's end, and the upstream never sees a complete request. So is an
+//! unguarded request the upstream has whole: nothing waits for it, and the reset cancels the
+//! upstream's work for a client that is gone. The HTTP/1.1
 //! fast path keeps waiting in the connection's own task instead (`fast::exchange`).
 
 use std::future::Future;
@@ -36,8 +39,8 @@ pub(super) struct Exchange<F: Future<Output: Send> + Send + 'static> {
 }
 
 impl<F: Future<Output: Send> + Send + 'static> Exchange<F> {
-    /// `delivered`: whether the request went out whole (`None` for requests without a ticket:
-    /// nothing waits for them). `multiplexed`: the upstream is HTTP/2.
+    /// `delivered`: whether the request went out whole (tracked for guarded requests and
+    /// HTTP/2 upstreams). `multiplexed`: the upstream is HTTP/2.
     pub(super) fn new(
         call: Pin<Box<F>>,
         delivered: Option<Delivered>,
@@ -82,8 +85,17 @@ impl<F: Future<Output: Send> + Send + 'static> Drop for Exchange<F> {
             return; // it ended
         };
         let whole = self.delivered.as_ref().is_some_and(Delivered::is_whole);
-        if !whole && !self.multiplexed {
-            return; // HTTP/1.1: the upstream connection closes before the body's end
+        let guarded = self
+            .kept
+            .as_ref()
+            .is_some_and(|(ticket, _)| ticket.is_some());
+        // Kept: a guarded request the upstream has whole (a drain must wait for its answer),
+        // and an HTTP/2 body still streaming (so that it fails, never cancels). Dropped: an
+        // HTTP/1.1 body still streaming (its connection closes before the body's end), and
+        // an unguarded request the upstream has whole (the reset cancels the upstream's
+        // work, as the client asked).
+        if !(whole && guarded || !whole && self.multiplexed) {
+            return;
         }
         // No runtime: the process is stopping, and nothing waits for the ticket any more.
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -95,13 +107,10 @@ impl<F: Future<Output: Send> + Send + 'static> Drop for Exchange<F> {
             "the client went away during its upstream exchange; the exchange goes on"
         );
         rt.spawn(async move {
-            if whole {
-                // The exchange's own limits bound it: the response timeout, and a newer
-                // owner's drain, which waits for it at most its abort grace.
-                let _ = call.await;
-            } else {
-                let _ = tokio::time::timeout(ABORT_HOLD, call).await;
-            }
+            // Bounded by the exchange's own response timeout, and by ABORT_HOLD whatever the
+            // route says (`response_timeout_ms = 0`): no longer than a drain waits for it,
+            // since a client that is gone no longer counts against `max_connections`.
+            let _ = tokio::time::timeout(ABORT_HOLD, call).await;
             drop(kept);
         });
     }

@@ -159,7 +159,10 @@ impl Proxy {
             None => (None, None),
         };
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
-        let delivered = ticket.as_ref().map(|_| body::Delivered::default());
+        let multiplexed = matches!(upstream.via, upstream::Via::Pooled(_));
+        // Whether the body went out whole: for the drain (guarded requests), and for what
+        // becomes of an HTTP/2 exchange whose client goes away (`hangup`).
+        let delivered = (ticket.is_some() || multiplexed).then(body::Delivered::default);
         // A WebSocket upgrade on a route that allows it: the client's connection is taken over
         // once palisade answers 101.
         let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
@@ -211,7 +214,6 @@ impl Proxy {
                 }),
             ));
             // Kept alive if the client hangs up after the request went out whole.
-            let multiplexed = matches!(upstream.via, upstream::Via::Pooled(_));
             let mut exchange =
                 hangup::Exchange::new(call, delivered.clone(), multiplexed, ticket, inflight);
             let forwarded = (&mut exchange).await;

@@ -129,7 +129,7 @@ impl Conn {
                     route.settings.connect_timeout,
                     body,
                     head_request,
-                    (&delivered, &gone),
+                    (&delivered, &gone, ticket.is_some()),
                     &mut logged,
                 );
                 match limit {

@@ -1,5 +1,6 @@
 //! Sending a request upstream on the fast path and reading the answer's head, at most once.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::task::Poll;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use super::exchange::{Answer, Failed, BODY_CHUNK};
 use super::response::{self, Read, ResponseHead};
 use super::upstream;
 use super::Conn;
-use crate::proxy::pipeline::forward::error_chain;
+use crate::proxy::pipeline::forward::{error_chain, ABORT_HOLD};
 use crate::proxy::pipeline::note::Logged;
 use crate::proxy::pipeline::upstream::Upstream;
 use crate::reject::Rejection;
@@ -22,14 +23,16 @@ impl Conn {
     ///
     /// `delivered` is set once the request went out whole; `gone` if the client hangs up after
     /// that, while the upstream has not answered: its access log line (`logged`) is then
-    /// written at once, as a 499, and the answer still waited for.
+    /// written at once, as a 499. A guarded request's answer is still waited for (a newer
+    /// owner's drain must wait for it; at most ABORT_HOLD, whatever the response timeout);
+    /// an unguarded one's upstream socket is closed at once.
     pub(super) async fn send(
         &mut self,
         upstream: &Upstream,
         connect: Duration,
         body: u64,
         head_request: bool,
-        (delivered, gone): (&AtomicBool, &AtomicBool),
+        (delivered, gone, guarded): (&AtomicBool, &AtomicBool, bool),
         logged: &mut Option<Logged<'_>>,
     ) -> Result<Answer, Failed> {
         let Some(pool) = &upstream.raw_idle else {
@@ -108,6 +111,8 @@ impl Conn {
             let hangup = std::future::poll_fn(|cx| hung_up(client, cx));
             tokio::pin!(upload, download, hangup);
             let mut watching = false;
+            // Once the client is gone: how long a guarded request's answer is still waited for.
+            let mut give_up: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
             // The upstream may answer before it read the whole body (an early 413): the answer is
             // relayed, and neither connection is reused.
             let mut uploading = true;
@@ -140,8 +145,18 @@ impl Conn {
                         if closed {
                             gone.store(true, Relaxed);
                             drop(logged.take()); // 499, now
+                            if !guarded {
+                                // Nothing waits for it: the upstream socket closes, as on
+                                // hyper's path.
+                                return Err(Failed::ClientGone);
+                            }
+                            give_up = Some(Box::pin(tokio::time::sleep(ABORT_HOLD)));
                         }
                     }
+                    () = std::future::poll_fn(|cx| match give_up.as_mut() {
+                        Some(s) => s.as_mut().poll(cx),
+                        None => Poll::Pending,
+                    }) => return Err(Failed::ClientGone),
                 }
             };
             match (head, upload_failed) {
