@@ -22,6 +22,8 @@
 #        FAST_PATH=both benches/load.sh   runs palisade with `[proxy] http1_fast_path = true`
 #        ("palisade") and a second instance with it off ("hyper-path"), interleaved, and prints
 #        fast / hyper path. FAST_PATH=on or off sets it for the one palisade.
+#        RESULTS_OUT=file benches/load.sh   also keeps every run's line there ("name conns rps
+#        p99_ms cpu_us_per_req"), for the spread behind the medians.
 # Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -142,6 +144,7 @@ for r in $(seq "$ROUNDS"); do
   done
 done
 
+if [[ -n ${RESULTS_OUT:-} ]]; then cp "$RESULTS" "$RESULTS_OUT"; fi
 stat() { awk -v n="$1" -v c="$2" -v f="$3" '$1 == n && $2 == c {print $f}' "$RESULTS" | median; }
 printf "%-6s" conns
 for name in "${NAMES[@]}"; do printf " | %-26s" "$name rps (p99 ms, us/req)"; done
