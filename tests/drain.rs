@@ -1286,6 +1286,34 @@ async fn a_grpc_caller_gone_mid_stream_never_ends_it_cleanly_at_a_tonic_upstream
     }
 }
 
+/// An old owner's whole write (10 bytes), which the upstream applies 400 ms after it read it.
+async fn slow_write(addr: SocketAddr, path: &str, token: u64, id: &str) -> TcpStream {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\nx-fencing-token: {token}\r\n\
+             x-id: {id}\r\nx-apply-after-ms: 400\r\ncontent-length: 10\r\n\r\n0123456789"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    s
+}
+
+/// The old owner's write was applied before the new owner's request reached the upstream.
+fn applied_first(up: &Recorder, old_id: &str, new_id: &str, path: &str) {
+    let applied = up.rec.find(old_id, Kind::Complete).unwrap_or_else(|| {
+        panic!("{path}: the new owner went ahead before the old write was applied")
+    });
+    let started = up.rec.find(new_id, Kind::Start).unwrap();
+    assert!(
+        applied.seq < started.seq,
+        "{path}: the old owner's write was applied after the new owner's request reached the \
+         upstream ({applied:?} after {started:?})"
+    );
+}
+
 // The HTTP/1.1 drain tests run on hyper's data path and on the HTTP/1.1 fast path.
 /// A request whose body was handed to the upstream whole cannot be taken back: when the drain
 /// runs out of time it is waited for (until its response head, within the abort grace) rather
@@ -1298,16 +1326,7 @@ async fn a_request_delivered_whole_is_waited_for_when_the_drain_runs_out() {
     for (round, path) in ["/orders/w", "/h2/orders/w"].into_iter().enumerate() {
         let old_token = 1 + round as u64;
         let (old_id, new_id) = (format!("old-{round}"), format!("new-{round}"));
-        let mut old = TcpStream::connect(proxy.addr).await.unwrap();
-        old.write_all(
-            format!(
-                "POST {path} HTTP/1.1\r\nhost: x\r\nx-fencing-token: {old_token}\r\n\
-                 x-id: {old_id}\r\nx-apply-after-ms: 400\r\ncontent-length: 10\r\n\r\n0123456789"
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
+        let mut old = slow_write(proxy.addr, path, old_token, &old_id).await;
         wait_until(
             "the old request at the upstream",
             Duration::from_secs(5),
@@ -1325,13 +1344,7 @@ async fn a_request_delivered_whole_is_waited_for_when_the_drain_runs_out() {
             || up.rec.find(&old_id, Kind::Complete).is_some(),
         )
         .await;
-        let applied = up.rec.find(&old_id, Kind::Complete).unwrap();
-        let started = up.rec.find(&new_id, Kind::Start).unwrap();
-        assert!(
-            applied.seq < started.seq,
-            "{path}: the old owner's write was applied after the new owner's request reached \
-             the upstream ({applied:?} after {started:?})"
-        );
+        applied_first(&up, &old_id, &new_id, path);
         // The upstream applied it: its client is told so, not 409.
         assert_eq!(old_answer.map(|r| r.0), Ok(200), "{path}");
     }
@@ -1368,16 +1381,7 @@ async fn a_delivered_request_whose_client_hung_up_is_still_waited_for() {
     for (round, path) in ["/orders/h", "/h2/orders/h"].into_iter().enumerate() {
         let old_token = 1 + round as u64;
         let (old_id, new_id) = (format!("old-{round}"), format!("new-{round}"));
-        let mut old = TcpStream::connect(proxy.addr).await.unwrap();
-        old.write_all(
-            format!(
-                "POST {path} HTTP/1.1\r\nhost: x\r\nx-fencing-token: {old_token}\r\n\
-                 x-id: {old_id}\r\nx-apply-after-ms: 400\r\ncontent-length: 10\r\n\r\n0123456789"
-            )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
+        let old = slow_write(proxy.addr, path, old_token, &old_id).await;
         wait_until(
             "the old request read whole at the upstream",
             Duration::from_secs(5),
@@ -1393,15 +1397,7 @@ async fn a_delivered_request_whose_client_hung_up_is_still_waited_for() {
         let (new_answer, _) =
             post_now(proxy.addr, path, old_token + 1, &new_id, b"0123456789").await;
         assert_eq!(new_answer.map(|r| r.0), Ok(200), "{path}");
-        let applied = up.rec.find(&old_id, Kind::Complete).unwrap_or_else(|| {
-            panic!("{path}: the new owner went ahead before the old write was applied")
-        });
-        let started = up.rec.find(&new_id, Kind::Start).unwrap();
-        assert!(
-            applied.seq < started.seq,
-            "{path}: the old owner's write was applied after the new owner's request reached \
-             the upstream ({applied:?} after {started:?})"
-        );
+        applied_first(&up, &old_id, &new_id, path);
     }
     let m = drain_metrics(&proxy, "orders").await;
     assert_eq!((m.timeouts, m.aborted), (0.0, 0.0));
