@@ -1157,6 +1157,46 @@ resource = "echo"
 drain_timeout_ms = 20
 "#;
 
+/// A client-streaming `Sum` call on `c` with `token`, one message (`label`) sent and the
+/// stream left open; returns once the upstream has the message.
+async fn one_message_open(
+    up: &support::grpc::SumUpstream,
+    mut c: EchoClient,
+    token: &str,
+    label: &str,
+) -> (
+    tokio::sync::mpsc::Sender<Msg>,
+    tokio::task::JoinHandle<Result<tonic::Response<Msg>, tonic::Status>>,
+) {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let token = token.to_owned();
+    let call = tokio::spawn(async move {
+        c.sum(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            Some(&token),
+        )
+        .await
+    });
+    tx.send(Msg {
+        text: label.to_owned(),
+        n: 1,
+    })
+    .await
+    .unwrap();
+    wait_until(
+        "the message at the upstream",
+        Duration::from_secs(5),
+        || {
+            up.sums
+                .calls()
+                .iter()
+                .any(|c| c.label.as_deref() == Some(label) && c.received == 1)
+        },
+    )
+    .await;
+    (tx, call)
+}
+
 /// The abort must reset the upstream stream with an error, never with CANCEL: a tonic server
 /// reads RST_STREAM(CANCEL) on a client stream as its clean end (`Streaming` yields `None`),
 /// so a `Sum` would apply the aborted caller's partial stream. Forty rounds of: an old owner's
@@ -1187,28 +1227,8 @@ async fn aborted_grpc_streams_never_end_cleanly_at_a_tonic_upstream() {
         warm.sum(one("warm"), Some(&old)).await.unwrap();
 
         let label = format!("old-{i}");
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut c = EchoClient::connect(proxy.addr).await;
-        let token = old.clone();
-        let call = tokio::spawn(async move {
-            c.sum(
-                tokio_stream::wrappers::ReceiverStream::new(rx),
-                Some(&token),
-            )
-            .await
-        });
-        tx.send(Msg {
-            text: label.clone(),
-            n: 1,
-        })
-        .await
-        .unwrap();
-        wait_until(
-            "the old owner's message at the upstream",
-            Duration::from_secs(5),
-            || call_of(&label).is_some_and(|c| c.received == 1),
-        )
-        .await;
+        let c = EchoClient::connect(proxy.addr).await;
+        let (tx, call) = one_message_open(&up, c, &old, &label).await;
         let mut b = EchoClient::connect(proxy.addr).await;
         b.sum(one("new"), Some(&new)).await.unwrap();
         let status = call.await.unwrap().unwrap_err();
@@ -1247,25 +1267,9 @@ async fn a_grpc_caller_gone_mid_stream_never_ends_it_cleanly_at_a_tonic_upstream
     };
     for i in 0..40u32 {
         let label = format!("gone-{i}");
-        let (tx, rx) = tokio::sync::mpsc::channel(4);
-        let mut c = EchoClient::connect(proxy.addr).await;
+        let c = EchoClient::connect(proxy.addr).await;
         let keep = (i % 2 == 1).then(|| c.clone());
-        let call = tokio::spawn(async move {
-            c.sum(tokio_stream::wrappers::ReceiverStream::new(rx), Some("7"))
-                .await
-        });
-        tx.send(Msg {
-            text: label.clone(),
-            n: 1,
-        })
-        .await
-        .unwrap();
-        wait_until(
-            "the message at the upstream",
-            Duration::from_secs(5),
-            || call_of(&label).is_some_and(|c| c.received == 1),
-        )
-        .await;
+        let (tx, call) = one_message_open(&up, c, "7", &label).await;
         // Dropping the only client (even rounds) closes its connection; with a clone kept
         // (odd rounds) only the call is cancelled, the connection stays.
         call.abort();
