@@ -1157,6 +1157,27 @@ resource = "echo"
 drain_timeout_ms = 20
 "#;
 
+/// A tonic `Sum` upstream behind a proxy with a 20 ms drain.
+async fn sum_proxy() -> (
+    support::grpc::SumUpstream,
+    support::Proxy,
+    tempfile::TempDir,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::grpc::sum_upstream().await;
+    let text = support::render(GRPC_RACE_CONFIG, up.addr, dir.path());
+    let proxy = support::proxy(&text, dir.path()).await;
+    (up, proxy, dir)
+}
+
+/// What the upstream saw of the `Sum` call whose first message is `label`.
+fn call_of(up: &support::grpc::SumUpstream, label: &str) -> Option<support::grpc::SumCall> {
+    up.sums
+        .calls()
+        .into_iter()
+        .find(|c| c.label.as_deref() == Some(label))
+}
+
 /// A client-streaming `Sum` call on `c` with `token`, one message (`label`) sent and the
 /// stream left open; returns once the upstream has the message.
 async fn one_message_open(
@@ -1204,16 +1225,8 @@ async fn one_message_open(
 /// the old stream must fail, not end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aborted_grpc_streams_never_end_cleanly_at_a_tonic_upstream() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = support::grpc::sum_upstream().await;
-    let text = support::render(GRPC_RACE_CONFIG, up.addr, dir.path());
-    let proxy = support::proxy(&text, dir.path()).await;
-    let call_of = |label: &str| {
-        up.sums
-            .calls()
-            .into_iter()
-            .find(|c| c.label.as_deref() == Some(label))
-    };
+    let (up, proxy, _dir) = sum_proxy().await;
+    let call_of = |label: &str| call_of(&up, label);
     let rounds = 40u32;
     for i in 0..rounds {
         let (old, new) = ((2 * i + 1).to_string(), (2 * i + 2).to_string());
@@ -1255,16 +1268,8 @@ async fn aborted_grpc_streams_never_end_cleanly_at_a_tonic_upstream() {
 /// at the upstream, the stream must fail, not end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_grpc_caller_gone_mid_stream_never_ends_it_cleanly_at_a_tonic_upstream() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = support::grpc::sum_upstream().await;
-    let text = support::render(GRPC_RACE_CONFIG, up.addr, dir.path());
-    let proxy = support::proxy(&text, dir.path()).await;
-    let call_of = |label: &str| {
-        up.sums
-            .calls()
-            .into_iter()
-            .find(|c| c.label.as_deref() == Some(label))
-    };
+    let (up, proxy, _dir) = sum_proxy().await;
+    let call_of = |label: &str| call_of(&up, label);
     for i in 0..40u32 {
         let label = format!("gone-{i}");
         let c = EchoClient::connect(proxy.addr).await;
