@@ -1413,6 +1413,42 @@ async fn a_delivered_request_whose_client_hung_up_is_still_waited_for() {
     assert_eq!(m.count, 2.0);
 }
 
+/// A body the server's stop cuts off (its grace runs out while the client is still sending)
+/// never ends cleanly at the upstream: HTTP/1.1 and h2c upstreams, chunked and Content-Length
+/// bodies. hyper's server drops a connection's request body without an error when the
+/// connection is dropped, which reads as the body's end: the upstream must not see one.
+async fn a_body_cut_by_the_servers_stop_never_ends_cleanly_upstream() {
+    for (path, len) in [
+        ("/h2/orders/s", None),
+        ("/h2/orders/s", Some(10)),
+        ("/orders/s", None),
+        ("/orders/s", Some(10)),
+    ] {
+        let (up, proxy, _dir) = setup(3000, Some(1)).await;
+        let id = format!("cut-{path}-{len:?}");
+        let mut c = Raw::open(proxy.addr, path, 1, &id, len).await;
+        c.send(b"01234").await.unwrap();
+        wait_until(
+            "the first bytes at the upstream",
+            Duration::from_secs(5),
+            || up.rec.received(&id) == 5,
+        )
+        .await;
+        // The grace is 1 s: the connection is dropped with its body half sent.
+        proxy.shutdown().await;
+        wait_until(
+            "the request to end at the upstream",
+            Duration::from_secs(5),
+            || up.rec.find(&id, Kind::Gone).is_some() || up.rec.find(&id, Kind::Complete).is_some(),
+        )
+        .await;
+        assert!(
+            up.rec.find(&id, Kind::Complete).is_none(),
+            "{path} {len:?}: the upstream took a body cut by the server's stop for a whole one"
+        );
+    }
+}
+
 /// The abort reaches a request that is not its connection's first under the mark: the fast
 /// path registers a connection for a mark's abort once, at its first request, and keeps that
 /// registration for the next ones. Request 2 of a kept-alive connection stalls mid-body; a
@@ -1466,6 +1502,7 @@ support::on_both_paths!(
     stress_no_lower_token_completes_after_a_higher_one_started,
     a_request_delivered_whole_is_waited_for_when_the_drain_runs_out,
     a_delivered_request_whose_client_hung_up_is_still_waited_for,
+    a_body_cut_by_the_servers_stop_never_ends_cleanly_upstream,
 );
 
 // ------------------------------------------------------------------------------------------
