@@ -1,4 +1,4 @@
-//! What becomes of a guarded request's upstream exchange when its client hangs up.
+//! What becomes of a request's upstream exchange when its client hangs up.
 //!
 //! Why: hyper drops a request's future when its client connection goes away (or an HTTP/2
 //! client resets its stream). Two kinds of exchange must outlive that:
@@ -17,8 +17,8 @@
 //! An HTTP/1.1 exchange whose body is still streaming is dropped: its upstream connection
 //! closes before the body's end, and the upstream never sees a complete request. So is an
 //! unguarded request the upstream has whole: nothing waits for it, and the reset cancels the
-//! upstream's work for a client that is gone. The HTTP/1.1
-//! fast path keeps waiting in the connection's own task instead (`fast::exchange`).
+//! upstream's work for a client that is gone. The HTTP/1.1 fast path follows the same rules
+//! in the connection's own task (`fast::send`).
 
 use std::future::Future;
 use std::pin::Pin;
