@@ -30,6 +30,8 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("palisade=info")),
         )
         .with_target(false)
+        // Colours only on a terminal: `demo > out.txt` gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .compact()
         .init();
     // The legacy service: knows nothing about fencing, just applies writes.

@@ -19,7 +19,8 @@
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
 //!   drains ([`drain`]) and the bodies that carry them ([`flight`]), the table of refusals
-//!   ([`reject`]), [`metrics`], and the tower layer (`layer`, feature `layer`).
+//!   ([`reject`]), [`metrics`], path prefixes matched at segment boundaries
+//!   ([`PathPrefix`]), and the tower layer (`layer`, feature `layer`).
 //! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
 //!   changed: [`config`] and its [`reload`], request [`path`] and [`host`] normal forms, the
 //!   request [`pipeline`](proxy::pipeline), the [`access_log`], the accept loop ([`server`]),
@@ -69,6 +70,8 @@ pub use app::{run, App, Listeners};
 pub use config::Config;
 pub use election::{ElectionService, LeaderKey, Leadership, Observation, Term};
 pub use error::Error;
+#[cfg(feature = "fence")]
+pub use fence::path_prefix::PathPrefix;
 #[cfg(feature = "fence")]
 pub use guard::{Verdict, Watermark};
 #[cfg(feature = "layer")]

@@ -2,10 +2,11 @@
 //!
 //! `palisade run --config FILE` serves until SIGTERM/SIGINT, reloads its configuration on
 //! SIGHUP and reopens its access log file on SIGUSR1; `palisade check --config FILE`
-//! validates a configuration and exits 2 on the first error; `palisade marks list|set` shows
-//! and repairs stored marks (see `palisade::marks::cli`); with the `etcd` feature,
-//! `palisade lock|elect NAME -- CMD...` runs a command while holding a lock or leading an
-//! election, with its fencing token (see `palisade::proxy::hold_cli`).
+//! validates a configuration, lists every error it finds and exits 2 if there was one;
+//! `palisade marks list|set` shows and repairs stored marks (see `palisade::proxy::marks_cli`);
+//! with the `etcd` feature (in the default build), `palisade lock|elect NAME -- CMD...` runs a
+//! command while holding a lock or leading an election, with its fencing token (see
+//! `palisade::proxy::hold_cli`). `palisade --version` lists the features built in.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,10 +24,33 @@ const EXIT_CONFIG: u8 = 2;
 /// Exit code for a failure to start or run.
 const EXIT_RUNTIME: u8 = 1;
 
+/// The features this binary was built with, for `--version` and the missing-feature errors.
+fn features() -> Vec<&'static str> {
+    let all = [
+        ("proxy", cfg!(feature = "proxy")),
+        ("etcd", cfg!(feature = "etcd")),
+        ("etcd-tls", cfg!(feature = "etcd-tls")),
+        ("grpc", cfg!(feature = "grpc")),
+        ("layer", cfg!(feature = "layer")),
+        ("object-store", cfg!(feature = "object-store")),
+        ("object-store-aws", cfg!(feature = "object-store-aws")),
+    ];
+    all.iter().filter(|(_, on)| *on).map(|(f, _)| *f).collect()
+}
+
+/// `palisade --version`: the version and, on a second line, the features built in.
+static VERSION: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "{}\nfeatures: {}",
+        env!("CARGO_PKG_VERSION"),
+        features().join(", ")
+    )
+});
+
 #[derive(Parser)]
 #[command(
     name = "palisade",
-    version,
+    version = VERSION.as_str(),
     about = "Fencing-token reverse proxy: stale owners cannot write"
 )]
 struct Cli {
@@ -52,11 +76,16 @@ enum Command {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Validate a configuration file and exit (2 on the first error).
+    /// Validate a configuration file: print every error found (a TOML syntax error stops
+    /// the reading at its line), or the routes it sets up and its warnings; exit 2 on errors.
     Check {
         /// The TOML configuration file.
         #[arg(long, short)]
         config: PathBuf,
+        /// The configuration in force now: also print what a reload from it to CONFIG would
+        /// do with marks (carry them over, retire them, or refuse the reload).
+        #[arg(long)]
+        previous: Option<PathBuf>,
     },
     /// Show stored marks, or set one (audited recovery from a forged or runaway token).
     #[command(subcommand)]
@@ -76,8 +105,20 @@ enum Command {
     /// status.
     #[cfg(feature = "etcd")]
     Lock(palisade::proxy::hold_cli::HoldArgs),
-    /// Lead an election on etcd while CMD runs (as `lock`, for a leader).
+    /// Lead an election on etcd while CMD runs; CMD gets the leader's token in
+    /// PALISADE_FENCING_TOKEN and is stopped (SIGTERM, then SIGKILL after --grace) if the
+    /// leadership is lost. Exits with CMD's status.
     #[cfg(feature = "etcd")]
+    #[command(
+        mut_arg("ttl", |a| a.help(
+            "Lease TTL in seconds: how long etcd keeps the leadership after palisade stops \
+             renewing it")),
+        mut_arg("namespace", |a| a.help(
+            "Key namespace of the election (the same for every candidate)")),
+        mut_arg("grace", |a| a.help(
+            "Time between SIGTERM and SIGKILL after the leadership is lost: `10`, `2.5`, \
+             `10s`, `500ms`")),
+    )]
     Elect {
         /// The candidate's value, what observers see (default `<hostname>:<pid>`).
         #[arg(long)]
@@ -85,6 +126,34 @@ enum Command {
         #[command(flatten)]
         args: palisade::proxy::hold_cli::HoldArgs,
     },
+    /// Internal: the watchdog of `palisade lock|elect` (kills the job if palisade dies).
+    #[cfg(feature = "etcd")]
+    #[command(name = palisade::proxy::hold_cli::watchdog::SUBCOMMAND, hide = true)]
+    Watchdog,
+    /// Needs the `etcd` feature, which this binary was built without.
+    #[cfg(not(feature = "etcd"))]
+    Lock {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        rest: Vec<std::ffi::OsString>,
+    },
+    /// Needs the `etcd` feature, which this binary was built without.
+    #[cfg(not(feature = "etcd"))]
+    Elect {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        rest: Vec<std::ffi::OsString>,
+    },
+}
+
+/// A subcommand of a feature this binary lacks: say which, and how to get it.
+#[cfg(not(feature = "etcd"))]
+fn missing_feature(command: &str, feature: &str) -> ExitCode {
+    eprintln!(
+        "error: `palisade {command}` needs the `{feature}` feature, which this binary was built \
+         without (features: {}); rebuild with `cargo build --release --features {feature}` \
+         (the default build has it)",
+        features().join(", ")
+    );
+    ExitCode::from(EXIT_CONFIG)
 }
 
 fn main() -> ExitCode {
@@ -101,7 +170,13 @@ fn main() -> ExitCode {
         Command::Elect { value, args } => {
             palisade::proxy::hold_cli::run(palisade::proxy::hold_cli::Hold::Elect { args, value })
         }
-        Command::Check { config } => match Config::load(&config) {
+        #[cfg(feature = "etcd")]
+        Command::Watchdog => palisade::proxy::hold_cli::watchdog::run(),
+        #[cfg(not(feature = "etcd"))]
+        Command::Lock { .. } => missing_feature("lock", "etcd"),
+        #[cfg(not(feature = "etcd"))]
+        Command::Elect { .. } => missing_feature("elect", "etcd"),
+        Command::Check { config, previous } => match Config::load(&config) {
             Ok(c) => {
                 for w in &c.warnings {
                     eprintln!("warning: {w}");
@@ -113,7 +188,27 @@ fn main() -> ExitCode {
                     c.routes.len(),
                     c.warnings.len()
                 );
-                ExitCode::SUCCESS
+                for line in c.describe() {
+                    println!("  {line}");
+                }
+                for r in &c.retired {
+                    println!("  marks.retired: {r:?} is not guarded on purpose; its mark stays in the store");
+                }
+                match previous.map(|p| reload_plan(&p, &c)) {
+                    None => ExitCode::SUCCESS,
+                    Some(Ok(plan)) => {
+                        println!("{plan}");
+                        if plan.unprotected.is_empty() {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::from(EXIT_CONFIG)
+                        }
+                    }
+                    Some(Err(e)) => {
+                        eprintln!("error: --previous: {e}");
+                        ExitCode::from(EXIT_CONFIG)
+                    }
+                }
             }
             Err(e) => {
                 eprintln!("error: {e}");
@@ -178,6 +273,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// What a reload from the configuration at `previous` to `next` does with marks. Marks are
+/// read from a file store (without its lock); for other stores every guarded resource is
+/// taken to have a mark, which is what a running proxy may find.
+fn reload_plan(
+    previous: &std::path::Path,
+    next: &Config,
+) -> Result<palisade::reload::protection::Plan, Box<dyn std::error::Error>> {
+    let running = Config::load(previous)?;
+    let stored = match &running.marks {
+        palisade::config::MarksSettings::File { path } => {
+            Some(palisade::marks::file::read(path)?.unwrap_or_default())
+        }
+        _ => None,
+    };
+    Ok(palisade::reload::protection::plan(&running, next, |r| {
+        stored
+            .as_ref()
+            .map_or(1, |m| m.get(r).copied().unwrap_or(0))
+    }))
+}
+
 /// One `GET` to the admin listener with a 2 s budget; success is a `200` status line.
 fn health(admin: std::net::SocketAddr, path: &str) -> ExitCode {
     use std::io::{Read, Write};
@@ -217,9 +333,11 @@ fn raise_fd_limit(max_connections: usize) {
             if limit < needed {
                 tracing::warn!(
                     limit,
+                    needed,
                     max_connections,
-                    "the open-files limit is below twice max_connections; raise the hard limit \
-                     (ulimit -Hn, LimitNOFILE=) or lower max_connections"
+                    "the open-files limit is below what max_connections needs (two files per \
+                     connection plus 64 for listeners, the store and logs); raise the hard \
+                     limit (ulimit -Hn, LimitNOFILE=) or lower max_connections"
                 );
             } else {
                 tracing::debug!(limit, "open-files limit");
@@ -236,11 +354,43 @@ fn init_logging(format: LogFormat) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_ansi(ansi);
     match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_writer(|| OneLine(std::io::stderr())).init(),
+        LogFormat::Json => builder.with_writer(std::io::stderr).json().init(),
+    }
+}
+
+/// A text log writer that keeps one record per line: a line break inside a record (an error
+/// listing several problems) is written as `\n`, so that `grep` and log shippers never see
+/// the rest of a record as records of their own. The formatter hands over one whole record
+/// per `write`.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let body = buf.strip_suffix(b"\n").unwrap_or(buf);
+        if !body.contains(&b'\n') {
+            self.0.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => {}
+                b => out.push(b),
+            }
+        }
+        if body.len() < buf.len() {
+            out.push(b'\n');
+        }
+        self.0.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
     }
 }
 

@@ -330,3 +330,129 @@ while :; do sleep 0.1; done"#;
     );
     assert!(!log(dir.path()).contains("WAITER-RAN"));
 }
+
+/// Whether process `pid` still exists (a zombie not yet reaped counts as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_never_outlives_its_supervisor_killed_with_sigkill() {
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The job writes with its token every 20 ms and has a child of its own in the background.
+    let script = r#"sleep 300 &
+echo "pids $$ $!" >> "$LOG"
+while :; do echo "write $PALISADE_FENCING_TOKEN" >> "$LOG"; sleep 0.02; done"#;
+    let mut p = palisade(
+        "elect",
+        &etcd,
+        "/cli-orphan",
+        &[],
+        "wh7",
+        dir.path(),
+        script,
+    )
+    .spawn()
+    .unwrap();
+    wait_for_log(dir.path(), "write", Duration::from_secs(10)).await;
+    let pids: Vec<u32> = log(dir.path())
+        .lines()
+        .find_map(|l| l.strip_prefix("pids "))
+        .unwrap()
+        .split(' ')
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(pids.iter().all(|p| alive(*p)), "{pids:?}");
+    kill("-KILL", p.id());
+    let _ = p.wait();
+    let killed = Instant::now();
+    while pids.iter().any(|p| alive(*p)) {
+        assert!(
+            killed.elapsed() < Duration::from_secs(1),
+            "the job's processes {pids:?} outlived palisade's SIGKILL by a second:\n{}",
+            log(dir.path())
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let gone_after = killed.elapsed();
+    let writes = log(dir.path())
+        .lines()
+        .filter(|l| l.starts_with("write"))
+        .count();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let later = log(dir.path())
+        .lines()
+        .filter(|l| l.starts_with("write"))
+        .count();
+    assert_eq!(
+        later, writes,
+        "the job went on writing after its supervisor died"
+    );
+    eprintln!("palisade SIGKILLed: the job's group was gone {gone_after:?} later");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recampaign_runs_the_job_again_under_a_new_token_after_an_etcd_outage() {
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let script = r#"trap 'echo "stopped $PALISADE_FENCING_TOKEN" >> "$LOG"; exit 143' TERM
+echo "started $PALISADE_FENCING_TOKEN" >> "$LOG"
+while :; do sleep 0.05; done"#;
+    let mut p = palisade(
+        "elect",
+        &etcd,
+        "/cli-again",
+        &["--ttl", "2", "--grace", "2s", "--recampaign"],
+        "wh7",
+        dir.path(),
+        script,
+    )
+    .spawn()
+    .unwrap();
+    wait_for_log(dir.path(), "started", Duration::from_secs(10)).await;
+    // etcd frozen past the TTL: the leadership is lost and the job stopped ...
+    let pid = etcd.pid(0).unwrap();
+    kill("-STOP", pid);
+    wait_for_log(dir.path(), "stopped", Duration::from_secs(8)).await;
+    assert!(
+        p.try_wait().unwrap().is_none(),
+        "palisade stays to campaign again"
+    );
+    kill("-CONT", pid);
+    // ... and once etcd is back, palisade campaigns again and reruns it with a newer token.
+    let started = Instant::now();
+    let tokens = loop {
+        let tokens: Vec<u64> = log(dir.path())
+            .lines()
+            .filter_map(|l| l.strip_prefix("started "))
+            .map(|t| t.parse().unwrap())
+            .collect();
+        if tokens.len() == 2 {
+            break tokens;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "no second term:\n{}",
+            log(dir.path())
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(tokens[1] > tokens[0], "{tokens:?}");
+    // SIGTERM ends it for good: the job gets it, palisade exits with its status.
+    kill("-TERM", p.id());
+    let status = wait_exit(&mut p, Duration::from_secs(5)).await;
+    assert_eq!(status.code(), Some(143), "{status}\n{}", log(dir.path()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        log(dir.path()).matches("started").count(),
+        2,
+        "no third term after SIGTERM"
+    );
+}

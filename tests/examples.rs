@@ -163,7 +163,14 @@ fn proxy_legacy_with_an_unguarded_route_lets_the_stale_write_through() {
 
 #[test]
 fn demo_is_still_the_readme_s_first_command() {
-    refuses_the_zombie("demo");
+    let run = refuses_the_zombie("demo");
+    // Its output went to a file, not a terminal: no colour codes in it.
+    assert!(
+        !run.output.contains('\u{1b}'),
+        "ANSI escapes in redirected output:\n{}",
+        run.output
+    );
+    assert!(run.output.contains("mark advanced"), "{}", run.output);
 }
 
 #[cfg(feature = "layer")]

@@ -219,3 +219,45 @@ async fn a_derived_resource_loads_its_mark_and_unguarded_requests_pass() {
     // No resource for this path: not guarded, no token needed.
     assert_eq!(send("/health", None).await.unwrap().status(), 200);
 }
+
+#[tokio::test]
+async fn a_layer_resource_picked_by_path_prefix_stops_at_a_segment_boundary() {
+    use palisade::PathPrefix;
+    let e = env().await;
+    let warehouses = [
+        (PathPrefix::new("/warehouses/1"), "warehouse-1"),
+        (PathPrefix::new("/warehouses/12"), "warehouse-12"),
+    ];
+    let layer = FenceLayer::new(Arc::clone(&e.admission), "unused").with_resource_fn(move |p| {
+        warehouses
+            .iter()
+            .find(|(prefix, _)| prefix.matches(p.uri.path()))
+            .map(|(_, r)| (*r).to_owned())
+    });
+    let svc = layer.layer(tower::service_fn(
+        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+        },
+    ));
+    let send = |path: &str, token: &str| {
+        let req = Request::post(path.to_owned()).header("x-fencing-token", token);
+        svc.clone()
+            .oneshot(req.body(Full::new(Bytes::new())).unwrap())
+    };
+    assert_eq!(
+        send("/warehouses/1/stock", "51").await.unwrap().status(),
+        200
+    );
+    // The first prefix does not take warehouse 12's requests: its owner's 40 is its own.
+    assert_eq!(
+        send("/warehouses/12/stock", "40").await.unwrap().status(),
+        200
+    );
+    assert_eq!(send("/warehouses/12", "39").await.unwrap().status(), 409);
+    assert_eq!(
+        send("/warehouses/1.json", "50").await.unwrap().status(),
+        409
+    );
+    let marks = e.admission.marks();
+    assert_eq!((marks["warehouse-1"], marks["warehouse-12"]), (51, 40));
+}

@@ -403,3 +403,201 @@ async fn health_asks_the_admin_endpoint_and_fails_once_the_proxy_is_gone() {
 // These two run twice: on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(a_mark_survives_kill_9_and_the_zombie_is_still_rejected,);
 support::on_both_paths!(#[flavor = "multi_thread", worker_threads = 2] large_uploads_and_downloads_stream_with_bounded_memory);
+
+#[test]
+fn check_lists_each_route_and_flags_one_an_earlier_route_makes_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = r#"
+[proxy]
+listen = "127.0.0.1:8080"
+[marks]
+store = "memory"
+[[upstream]]
+name = "legacy"
+url = "http://127.0.0.1:9000"
+[[route]]
+name = "wh1"
+upstream = "legacy"
+path_prefix = "/warehouses/1"
+resource = "warehouse-1"
+[[route]]
+name = "wh12"
+upstream = "legacy"
+path_prefix = "/warehouses/12"
+resource = "warehouse-12"
+[[route]]
+name = "all-warehouses"
+upstream = "legacy"
+path_prefix = "/warehouses"
+resource = "warehouses"
+[[route]]
+name = "wh1-stock"
+upstream = "legacy"
+path_prefix = "/warehouses/1/stock"
+resource = "stock"
+"#;
+    let path = write(dir.path(), "w.toml", text);
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    // Each route says what it takes: /warehouses/1 never takes /warehouses/12.
+    assert!(
+        stdout.contains(
+            "route[0] \"wh1\": path_prefix \"/warehouses/1\": /warehouses/1, \
+             /warehouses/1.<format> and everything below /warehouses/1/, never a longer \
+             segment such as /warehouses/10"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("guarded by the mark of resource \"warehouse-12\""),
+        "{stdout}"
+    );
+    // wh12 is reachable (no warning); wh1-stock is not: wh1 takes all of its requests.
+    assert!(!stderr.contains("\"wh12\" is never reached"), "{stderr}");
+    assert!(
+        stderr.contains("route \"wh1-stock\" is never reached: route[0] \"wh1\""),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("warning:").count(), 1, "{stderr}");
+}
+
+#[test]
+fn the_default_build_is_the_whole_product() {
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let features = text
+        .lines()
+        .find_map(|l| l.strip_prefix("features: "))
+        .unwrap_or_else(|| panic!("no features line: {text}"));
+    let features: Vec<&str> = features.split(", ").collect();
+    assert!(
+        features.contains(&"proxy") && features.contains(&"etcd"),
+        "{text}"
+    );
+    // The compose file's configuration (marks in etcd) passes `check`.
+    let out = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args([
+            "check",
+            "--config",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/compose/palisade.toml"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for sub in ["lock", "elect"] {
+        let help = Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        assert!(help.status.success(), "{sub}");
+        let text = String::from_utf8_lossy(&help.stdout);
+        assert!(text.contains("--recampaign"), "{text}");
+        if sub == "elect" {
+            // The election is not called a lock.
+            assert!(!text.to_lowercase().contains("lock"), "{text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn text_logs_keep_one_record_per_line_and_a_zombie_loop_logs_its_first_refusal_whole() {
+    let s = setup().await;
+    let stderr_path = s.dir.path().join("stderr.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_palisade"))
+        .args(["run", "--config"])
+        .arg(&s.config)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
+        .unwrap();
+    let read = || std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    let started = std::time::Instant::now();
+    let addr: std::net::SocketAddr = loop {
+        let text = read();
+        if let Some(line) = text.lines().find(|l| l.contains("palisade listening")) {
+            let addr = line
+                .split("addr=")
+                .nth(1)
+                .unwrap()
+                .split(' ')
+                .next()
+                .unwrap();
+            break addr.parse().unwrap();
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let url = format!("http://{addr}/orders/1");
+    assert_eq!(support::post(&url, Some("51")).await.status, StatusCode::OK);
+    for _ in 0..5 {
+        let z = support::post(&url, Some("34")).await;
+        assert_eq!(z.status, StatusCode::CONFLICT);
+    }
+    // A file with two mistakes: the reload's error lists both.
+    let text = std::fs::read_to_string(&s.config).unwrap();
+    std::fs::write(
+        &s.config,
+        text.replace("workers = 2", "workers = 0")
+            .replace("name = \"bulk\"", "name = \"bulk\"\nmethods = [\"post\"]"),
+    )
+    .unwrap();
+    let ok = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let started = std::time::Instant::now();
+    while !read().contains("config reload failed") {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{}",
+            read()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let log = read();
+    // Every line is a record of its own: it starts with a timestamp (2026-...).
+    for line in log.lines() {
+        assert!(
+            line.len() > 4 && line[..4].bytes().all(|b| b.is_ascii_digit()),
+            "a line that is not a record: {line:?}\n{log}"
+        );
+    }
+    let failed = log
+        .lines()
+        .find(|l| l.contains("config reload failed"))
+        .unwrap();
+    assert!(
+        failed.contains("proxy.workers") && failed.contains("route[1].methods[0]"),
+        "both errors in one record: {failed}"
+    );
+    // Five refusals of one owner: the first logged whole, the rest only counted.
+    let whole = log
+        .lines()
+        .filter(|l| l.contains("request refused") && l.contains("token=34"))
+        .count();
+    assert_eq!(whole, 1, "{log}");
+}

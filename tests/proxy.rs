@@ -443,6 +443,18 @@ async fn no_route_is_404_and_upstream_failures_are_502_and_504() {
     .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(r.json()["error"], "no_route");
+    assert_eq!(r.json()["token"], serde_json::Value::Null, "none sent");
+    // A well-formed token is echoed back, as on every other refusal.
+    let r = send(
+        &http1_client(),
+        Method::DELETE,
+        &proxy.url("/nothing-here"),
+        &[("x-fencing-token", b"42")],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(r.json()["token"], 42, "{}", r.text());
 
     let r = get(&proxy.url("/dead/x")).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
@@ -463,7 +475,8 @@ async fn no_route_is_404_and_upstream_failures_are_502_and_504() {
             &m,
             r#"palisade_requests_total{outcome="no_route",route=""}"#
         ),
-        Some(1.0)
+        Some(2.0),
+        "both DELETEs"
     );
 }
 
@@ -477,6 +490,14 @@ async fn store_that_cannot_write_answers_503_and_keeps_the_mark() {
     let r = post(&url, Some("11")).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(r.json()["error"], "store_unavailable");
+    // It says what failed (persisting 11) and carries the mark it kept.
+    let message = r.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("could not persist token 11") && message.contains("the mark stays 10"),
+        "{message}"
+    );
+    assert_eq!(r.json()["mark"], 10);
+    assert_eq!(r.headers["x-fencing-mark"], "10");
     assert_eq!(e.proxy.marks().await["orders"], 10, "mark unchanged");
     assert_eq!(
         post(&url, Some("10")).await.status,
@@ -905,6 +926,85 @@ async fn the_proxy_passes_the_admission_table_over_http_and_grpc() {
     }
 }
 
+/// Two warehouses whose paths share a prefix, each with its own owner and mark.
+const WAREHOUSES: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "{marks}"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "wh1"
+upstream = "legacy"
+path_prefix = "/warehouses/1"
+resource = "warehouse-1"
+
+[[route]]
+name = "wh12"
+upstream = "legacy"
+path_prefix = "/warehouses/12"
+resource = "warehouse-12"
+
+[[route]]
+name = "reads"
+upstream = "legacy"
+path_prefix = "/"
+methods = ["GET"]
+guard = false
+"#;
+
+async fn a_path_prefix_stops_at_a_segment_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let text = support::render(WAREHOUSES, up.addr, &dir.path().join("m.json"));
+    let proxy = support::proxy(&text, dir.path()).await;
+    // Warehouse 1's owner (token 51) first: with plain string prefixes warehouse 12's
+    // requests would be judged against this mark and its owner (token 40) refused.
+    let wh1 = post(&proxy.url("/warehouses/1/stock"), Some("51")).await;
+    assert_eq!(wh1.status, StatusCode::OK);
+    let wh12 = post(&proxy.url("/warehouses/12/stock"), Some("40")).await;
+    assert_eq!(wh12.status, StatusCode::OK, "{}", wh12.text());
+    let marks = proxy.marks().await;
+    assert_eq!(marks["warehouse-1"], 51);
+    assert_eq!(marks["warehouse-12"], 40);
+    // Each warehouse's zombie is refused against its own mark.
+    let z12 = post(&proxy.url("/warehouses/12"), Some("39")).await;
+    assert_eq!(z12.status, StatusCode::CONFLICT);
+    assert_eq!(z12.json()["resource"], "warehouse-12");
+    // The prefix itself, below it and its `.format` spelling are warehouse 1's.
+    for path in ["/warehouses/1", "/warehouses/1/", "/warehouses/1.json"] {
+        let z = post(&proxy.url(path), Some("50")).await;
+        assert_eq!(z.status, StatusCode::CONFLICT, "{path}");
+        assert_eq!(z.json()["resource"], "warehouse-1", "{path}");
+    }
+    // A longer segment is not: no route takes a POST to /warehouses/100.
+    let other = post(&proxy.url("/warehouses/100"), Some("1")).await;
+    assert_eq!(other.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        up.log.tokens(),
+        [Some("51".into()), Some("40".into())],
+        "only the two owners' writes arrived"
+    );
+    // One mark at a time on the admin listener, guarded or only stored.
+    let one = get(&format!("http://{}/marks/warehouse-12", proxy.admin)).await;
+    assert_eq!(one.status, StatusCode::OK);
+    assert_eq!(
+        one.json(),
+        serde_json::json!({"resource": "warehouse-12", "mark": 40, "guarded": true})
+    );
+    let none = get(&format!("http://{}/marks/warehouse%2F9", proxy.admin)).await;
+    assert_eq!(
+        none.json(),
+        serde_json::json!({"resource": "warehouse/9", "mark": 0, "guarded": false})
+    );
+}
+
 // Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
     stale_token_is_rejected_with_409_and_never_reaches_upstream,
@@ -922,4 +1022,5 @@ support::on_both_paths!(
     strip_token_removes_the_header_and_shares_the_resource_mark,
     an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails,
     the_proxy_passes_the_admission_table_over_http_and_grpc,
+    a_path_prefix_stops_at_a_segment_boundary,
 );

@@ -248,3 +248,174 @@ async fn keys_that_take_a_restart_keep_their_running_values_and_are_reported() {
     assert!(!dir.path().join("other-marks.json").exists());
     proxy.shutdown().await;
 }
+
+/// Warehouse 7 behind a catch-all, as an operator with one elected owner per warehouse has it.
+const WAREHOUSES: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "marks.json"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "wh7"
+upstream = "legacy"
+path_prefix = "/warehouses/7"
+resource = "warehouse-7"
+
+[[route]]
+name = "everything-else"
+upstream = "legacy"
+path_prefix = "/"
+guard = false
+"#;
+
+#[tokio::test]
+async fn a_reload_that_renames_a_resource_carries_its_mark_and_the_zombie_stays_out() {
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("palisade.toml");
+    let text = WAREHOUSES.replace("{upstream}", &up.addr.to_string());
+    write(&file, &text);
+    let proxy = support::proxy_file(&file).await;
+    let owner = post(&proxy.url("/warehouses/7/stock"), Some("110")).await;
+    assert_eq!(owner.status, StatusCode::OK);
+
+    // The operator renames the resource and reloads.
+    write(&file, &text.replace("\"warehouse-7\"", "\"wh/7\""));
+    let reloaded = proxy.reloader.reload().await.unwrap();
+    assert_eq!(reloaded.carried_marks.len(), 1, "{reloaded:?}");
+    assert_eq!(reloaded.carried_marks[0].to, "wh/7");
+    assert_eq!(reloaded.carried_marks[0].mark, 110);
+    assert_eq!(proxy.marks().await["wh/7"], 110, "persisted and published");
+
+    let seen = up.log.len();
+    let zombie = post(&proxy.url("/warehouses/7/stock"), Some("21")).await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT, "{}", zombie.text());
+    assert_eq!(zombie.headers["x-fencing-mark"], "110");
+    assert_eq!(
+        up.log.len(),
+        seen,
+        "the zombie's write never reached the upstream"
+    );
+    let current = post(&proxy.url("/warehouses/7/stock"), Some("110")).await;
+    assert_eq!(current.status, StatusCode::OK, "the owner goes on");
+    proxy.shutdown().await;
+
+    // The carried mark is in the store: a restart on the new file keeps it.
+    let again = support::proxy_file(&file).await;
+    let zombie = post(&again.url("/warehouses/7/stock"), Some("21")).await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT);
+    again.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_reload_that_would_forward_a_guarded_resource_unchecked_is_refused_unless_retired() {
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("palisade.toml");
+    let text = WAREHOUSES.replace("{upstream}", &up.addr.to_string());
+    write(&file, &text);
+    let proxy = support::proxy_file(&file).await;
+    assert_eq!(
+        post(&proxy.url("/warehouses/7/stock"), Some("110"))
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let wh7 = text.find("[[route]]\nname = \"wh7\"").unwrap();
+    let rest = text.find("[[route]]\nname = \"everything-else\"").unwrap();
+    let without = format!("{}{}", &text[..wh7], &text[rest..]);
+
+    // The guarded route removed: its requests would reach the catch-all.
+    write(&file, &without);
+    let err = proxy.reloader.reload().await.unwrap_err();
+    assert!(matches!(err, ReloadError::Unprotected(_)), "{err}");
+    let why = err.to_string();
+    assert!(
+        why.contains("\"warehouse-7\"") && why.contains("mark 110") && why.contains("retired"),
+        "{why}"
+    );
+    let r = send(
+        &http1_client(),
+        Method::POST,
+        &format!("http://{}/reload", proxy.admin),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    let zombie = post(&proxy.url("/warehouses/7/stock"), Some("21")).await;
+    assert_eq!(
+        zombie.status,
+        StatusCode::CONFLICT,
+        "the old routes still serve"
+    );
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"error\"}"),
+        Some(2.0)
+    );
+
+    // The operator's explicit word: retired.
+    write(
+        &file,
+        &without.replace(
+            "path = \"marks.json\"",
+            "path = \"marks.json\"\nretired = [\"warehouse-7\"]",
+        ),
+    );
+    let reloaded = proxy.reloader.reload().await.unwrap();
+    assert_eq!(reloaded.retired.len(), 1, "{reloaded:?}");
+    assert_eq!(reloaded.retired[0].resource, "warehouse-7");
+    assert_eq!(proxy.marks().await["warehouse-7"], 110, "the mark stays");
+    proxy.shutdown().await;
+}
+
+#[test]
+fn check_with_previous_prints_what_a_reload_would_do_with_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("old.toml");
+    let text = WAREHOUSES.replace("{upstream}", "127.0.0.1:9");
+    write(&old, &text);
+    std::fs::write(
+        dir.path().join("marks.json"),
+        r#"{"format": "palisade-marks/1", "marks": {"warehouse-7": 110}}"#,
+    )
+    .unwrap();
+    let run = |new: &str| {
+        let path = dir.path().join("new.toml");
+        write(&path, new);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args(["check", "--config"])
+            .arg(&path)
+            .arg("--previous")
+            .arg(&old)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, out) = run(&text.replace("\"warehouse-7\"", "\"wh/7\""));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("mark 110 carried over"), "{out}");
+    assert!(
+        out.contains("route[0] \"wh7\": path_prefix \"/warehouses/7\"")
+            && out.contains("guarded by the mark of resource \"wh/7\""),
+        "{out}"
+    );
+    let (code, out) =
+        run(&text.replace("path_prefix = \"/warehouses/7\"", "path_prefix = \"/wh/7\""));
+    assert_eq!(code, Some(2), "{out}");
+    assert!(
+        out.contains("would lose its guard") && out.contains("/warehouses/7"),
+        "{out}"
+    );
+}

@@ -948,3 +948,135 @@ async fn cached_mode_staleness_window() {
     );
     assert!(p99 < Duration::from_millis(200), "p99 window {p99:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_etcd_outage_a_refusal_says_the_confirmation_failed_and_carries_the_mark() {
+    let _serial = SERIAL.lock().await;
+    let mut etcd = etcd::Etcd::single().await;
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/outage/",
+        "linearizable",
+        &["orders".to_owned()],
+    );
+    let r = spawn_replica(dir.path(), "r.toml", &text);
+    let url = format!("http://{}/orders/1", r.addr);
+    assert_eq!(post(&url, Some("51")).await.status, 200);
+    etcd.stop();
+    // An equal token persists nothing: what failed is the confirmation read.
+    let refused = post(&url, Some("51")).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    let body = refused.json();
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("could not confirm the mark") && !message.contains("persist"),
+        "{message}"
+    );
+    assert_eq!(body["mark"], 51, "the known mark: {body}");
+    assert_eq!(refused.headers["x-fencing-mark"], "51");
+    // A higher token: the confirmation fails first, and says so too.
+    let higher = post(&url, Some("52")).await.json();
+    assert_eq!(higher["mark"], 51, "{higher}");
+    etcd.restart().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn palisade_marks_lists_and_repairs_marks_in_etcd_with_an_audit_record() {
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        "127.0.0.1:9".parse().unwrap(),
+        &etcd.endpoints(),
+        "/cli/marks/",
+        "linearizable",
+        &["orders".to_owned()],
+    );
+    let config = write(dir.path(), "p.toml", &text);
+    let marks = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .arg("marks")
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mut c = etcd.client().await;
+    c.put("/cli/marks/orders", u64::MAX.to_be_bytes().to_vec(), None)
+        .await
+        .unwrap();
+    // What `etcdctl put "$(printf ...)"` leaves: NUL bytes dropped, 7 bytes.
+    c.put("/cli/marks/stock", vec![1u8, 2, 3, 4, 5, 6, 7], None)
+        .await
+        .unwrap();
+    let (code, out, err) = marks(&["list"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("orders") && out.contains(&u64::MAX.to_string()),
+        "{out}"
+    );
+    assert!(
+        out.contains("stock") && out.contains("corrupt (7 bytes)"),
+        "{out}"
+    );
+
+    let (code, _, err) = marks(&["set", "orders", "51"]);
+    assert_eq!(code, Some(1), "refused without --force");
+    assert!(
+        err.contains("without --force") && err.contains(&u64::MAX.to_string()),
+        "{err}"
+    );
+    let got = c.get("/cli/marks/orders", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), &u64::MAX.to_be_bytes(), "unchanged");
+
+    let (code, out, err) = marks(&["set", "orders", "51", "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains(&format!("orders: {} -> 51", u64::MAX)),
+        "{out}"
+    );
+    assert!(out.contains("restart every replica"), "lowered: {out}");
+    let got = c.get("/cli/marks/orders", None).await.unwrap();
+    assert_eq!(
+        got.kvs()[0].value(),
+        &51u64.to_be_bytes(),
+        "8-byte big-endian"
+    );
+    let (code, out, err) = marks(&["set", "stock", "40", "--force"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("stock: corrupt (7 bytes) -> 40"), "{out}");
+    assert!(out.contains("no route"), "stock is not guarded: {out}");
+
+    // The audit trail: one record per change, beside the marks (never read as a mark).
+    let audit = c
+        .get(
+            "/cli/marks.audit/",
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let records: Vec<serde_json::Value> = audit
+        .kvs()
+        .iter()
+        .map(|kv| serde_json::from_slice(kv.value()).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2, "{records:?}");
+    let orders = records.iter().find(|r| r["resource"] == "orders").unwrap();
+    assert_eq!(orders["event"], "marks.set");
+    assert_eq!(orders["old"], u64::MAX);
+    assert_eq!(orders["new"], 51);
+    assert!(
+        orders["uid"].is_u64() && orders["time"].is_string(),
+        "{orders}"
+    );
+    let (_, out, _) = marks(&["list"]);
+    assert!(!out.contains("audit") && !out.contains("corrupt"), "{out}");
+}

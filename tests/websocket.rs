@@ -310,3 +310,175 @@ async fn after_the_upstream_ends_its_side_the_client_still_reaches_it() {
         sent.len()
     );
 }
+
+/// An upstream that answers an upgrade with 101 and then keeps reading HTTP requests on the
+/// same connection (as a framework that hands the socket back to its HTTP parser would),
+/// recording each request line with its token and answering 200.
+async fn parse_after_101_upstream() -> (SocketAddr, Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            let log = Arc::clone(&log);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    while buf.len() < end + 4 + length {
+                        match sock.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let token = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("x-fencing-token:"))
+                        .map(|t| t.trim().to_owned());
+                    let line = head.lines().next().unwrap_or_default().to_owned();
+                    log.lock().unwrap().push(format!("{line} token={token:?}"));
+                    buf.drain(..end + 4 + length);
+                    let answer: &[u8] = if head.contains("upgrade: websocket") {
+                        b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+                    } else {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+                    };
+                    if sock.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// A guarded write route and a catch-all with WebSocket upgrades, on one upstream.
+const TUNNEL: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+[marks]
+store = "file"
+path = "{marks}"
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+methods = ["POST"]
+resource = "orders"
+[[route]]
+name = "everything-else"
+upstream = "legacy"
+path_prefix = "/"
+websocket = true
+guard = false
+"#;
+
+/// Opens an upgrade through the proxy (with `token`, if any), then sends a raw stale
+/// `POST /orders` through whatever the connection has become; returns what came back.
+async fn write_through_a_tunnel(proxy: SocketAddr, token: Option<&str>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = TcpStream::connect(proxy).await.unwrap();
+    let token = token.map_or_else(String::new, |t| format!("x-fencing-token: {t}\r\n"));
+    let upgrade = format!(
+        "GET /chat HTTP/1.1\r\nhost: app\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\
+         sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n{token}\r\n"
+    );
+    c.write_all(upgrade.as_bytes()).await.unwrap();
+    let mut got = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut got))
+        .await
+        .unwrap()
+        .unwrap_or(0);
+    let mut answer = String::from_utf8_lossy(&got[..n]).into_owned();
+    if answer.starts_with("HTTP/1.1 101") {
+        c.write_all(b"POST /orders HTTP/1.1\r\nhost: app\r\nx-fencing-token: 1\r\ncontent-length: 5\r\n\r\nstale")
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut got))
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        answer.push_str(&String::from_utf8_lossy(&got[..n]));
+    }
+    answer
+}
+
+async fn an_unguarded_websocket_route_beside_guarded_ones_is_refused_unless_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (up, seen) = parse_after_101_upstream().await;
+    let text = support::render(TUNNEL, up, &dir.path().join("marks.json"));
+    // Refused: the config names the route and why.
+    let err = palisade::Config::parse(&text, &dir.path().join("palisade.toml")).unwrap_err();
+    let why = err.to_string();
+    assert!(
+        why.contains("route[1].websocket")
+            && why.contains("raw tunnel")
+            && why.contains("\"orders\""),
+        "{why}"
+    );
+    // The risk is real: accepted on purpose, a stale write goes through the tunnel.
+    let accepted = text.replace(
+        "guard = false",
+        "guard = false\nallow_unguarded_tunnel = true",
+    );
+    let config = palisade::Config::parse(&accepted, &dir.path().join("palisade.toml")).unwrap();
+    assert!(
+        config
+            .warnings
+            .iter()
+            .any(|w| w.message.contains("raw tunnel")),
+        "{:?}",
+        config.warnings
+    );
+    let p = support::proxy(&accepted, dir.path()).await;
+    assert_eq!(
+        support::post(&p.url("/orders/1"), Some("7")).await.status,
+        http::StatusCode::OK
+    );
+    let answer = write_through_a_tunnel(p.addr, None).await;
+    assert!(answer.contains("200 OK"), "{answer}");
+    assert!(
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.starts_with("post /orders") && l.contains("\"1\"")),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    p.shutdown().await;
+
+    // Guarded, the upgrade itself needs a current token: the zombie gets no tunnel.
+    seen.lock().unwrap().clear();
+    let guarded = text.replace("guard = false", "resource = \"orders\"");
+    let p = support::proxy(&guarded, dir.path()).await;
+    let answer = write_through_a_tunnel(p.addr, Some("1")).await;
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "{:?}",
+        seen.lock().unwrap()
+    );
+    p.shutdown().await;
+}
+
+support::on_both_paths!(
+    an_unguarded_websocket_route_beside_guarded_ones_is_refused_unless_accepted
+);

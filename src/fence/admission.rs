@@ -26,6 +26,7 @@ use crate::drain::{Drain, Entry, Ticket};
 use crate::guard::{Verdict, Watermark};
 use crate::marks::{Consistency, MarkStore, Marks, StoreError};
 use crate::metrics::{MarkMetrics, Metrics, StoreMetrics};
+use crate::reject::StoreStep;
 use crate::token::FencingToken;
 
 /// One fenced resource: its mark and the lock that serializes its advances.
@@ -91,11 +92,14 @@ pub enum Refused {
         /// The resource's mark.
         mark: u64,
     },
-    /// Above the mark, but the store could not make it durable; the mark is unchanged.
-    #[error("the mark store could not persist token {token}")]
+    /// The store failed a step the verdict needed (the confirmation read, or making a higher
+    /// token durable); the mark is unchanged.
+    #[error("{step}")]
     Unavailable {
         /// The refused token.
         token: FencingToken,
+        /// The step that failed.
+        step: StoreStep,
         /// Why the store failed.
         #[source]
         source: StoreError,
@@ -271,6 +275,7 @@ impl Admission {
                 .await
                 .map_err(|e| Refused::Unavailable {
                     token,
+                    step: StoreStep::Confirm,
                     source: StoreError::Shared(e),
                 })?;
             if stored > resource.mark() {
@@ -302,6 +307,7 @@ impl Admission {
                         Err(e) => {
                             return Err(Refused::Unavailable {
                                 token,
+                                step: StoreStep::Persist { token: token.get() },
                                 source: StoreError::TaskLost(e),
                             })
                         }

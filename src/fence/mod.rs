@@ -11,4 +11,5 @@ pub mod guard;
 pub mod layer;
 pub mod marks;
 pub mod metrics;
+pub mod path_prefix;
 pub mod reject;

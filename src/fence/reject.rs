@@ -53,11 +53,16 @@ pub enum Rejection {
         /// The mark.
         mark: u64,
     },
-    /// The mark store could not make an advance durable.
-    #[error(
-        "the mark store cannot persist the new mark; refusing rather than risking a lost mark"
-    )]
-    StoreUnavailable,
+    /// The mark store failed a step the verdict needed (see [`StoreStep`]); `mark` is the
+    /// mark known here, unchanged.
+    #[error("{step}{}", mark.map_or_else(String::new, |m| format!("; the mark stays {m}")))]
+    StoreUnavailable {
+        /// What the store was asked for when it failed.
+        step: StoreStep,
+        /// The resource's mark as known here (0: none accepted yet); `None` when it was never
+        /// loaded.
+        mark: Option<u64>,
+    },
     /// No route matches.
     #[error("no route matches this request")]
     NoRoute,
@@ -73,6 +78,40 @@ pub enum Rejection {
         /// The route's `max_body_bytes`.
         limit: u64,
     },
+}
+
+/// The mark store step that failed, for a 503's message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreStep {
+    /// Reading the stored mark after the request arrived (a linearizable confirmation).
+    Confirm,
+    /// Making a higher token durable (an advance).
+    Persist {
+        /// The token that would have become the mark.
+        token: u64,
+    },
+    /// Reading the mark of a resource seen for the first time.
+    Load,
+}
+
+impl std::fmt::Display for StoreStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreStep::Confirm => f.write_str(
+                "the mark store could not confirm the mark (its read after this request \
+                 arrived failed); refusing rather than judging on a copy that may be stale",
+            ),
+            StoreStep::Persist { token } => write!(
+                f,
+                "the mark store could not persist token {token} as the new mark; refusing \
+                 rather than risking a lost mark"
+            ),
+            StoreStep::Load => f.write_str(
+                "the mark store could not load this resource's mark; refusing rather than \
+                 guessing it",
+            ),
+        }
+    }
 }
 
 /// The request's content type if it is gRPC: `application/grpc`, `application/grpc-web` or
@@ -147,7 +186,7 @@ impl Rejection {
                 "method_not_allowed",
             ),
             Rejection::Stale { .. } => (StatusCode::CONFLICT, ABORTED, "stale_token"),
-            Rejection::StoreUnavailable => (
+            Rejection::StoreUnavailable { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 UNAVAILABLE,
                 "store_unavailable",
@@ -176,6 +215,7 @@ impl Rejection {
         let message = self.to_string();
         let mark = match self {
             Rejection::Stale { mark, .. } => Some(*mark),
+            Rejection::StoreUnavailable { mark, .. } => *mark,
             _ => None,
         };
         let mut resp = if let Some(content_type) = grpc {

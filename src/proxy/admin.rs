@@ -1,4 +1,5 @@
-//! The admin listener: `GET /metrics`, `/livez`, `/readyz`, `/marks`, and `POST /reload`.
+//! The admin listener: `GET /metrics`, `/livez`, `/readyz`, `/marks`, `/marks/<resource>`,
+//! and `POST /reload`.
 //!
 //! Kept off the data path's listener so it can bind to loopback while the proxy faces clients
 //! (it binds `127.0.0.1` by default): whoever reaches it can reload the configuration.
@@ -73,11 +74,42 @@ impl Admin {
                 );
                 r
             }
+            path if path.starts_with("/marks/") => self.one_mark(&path["/marks/".len()..]).await,
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /metrics, /livez, /readyz, /marks or POST /reload\n",
+                "not found: try /metrics, /livez, /readyz, /marks, /marks/<resource> or POST \
+                 /reload\n",
             ),
         }
+    }
+
+    /// `GET /marks/<resource>` (the name percent-decoded): `{"resource", "mark", "guarded"}`.
+    /// A resource this proxy guards answers with the mark it judges by; any other with the
+    /// store's (0: no token accepted). 503 when the store cannot be read.
+    async fn one_mark(&self, encoded: &str) -> Response<Full<Bytes>> {
+        let name = match percent_encoding::percent_decode_str(encoded).decode_utf8() {
+            Ok(n) if !n.is_empty() => n.into_owned(),
+            _ => return text(StatusCode::BAD_REQUEST, "expected /marks/<resource name>\n"),
+        };
+        let (mark, guarded) = match self.admission.resource(&name) {
+            Some(r) => (r.mark(), true),
+            None => match self.admission.stored_mark(&name).await {
+                Ok(m) => (m, false),
+                Err(e) => {
+                    return text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("cannot read the mark of {name:?}: {e}\n"),
+                    )
+                }
+            },
+        };
+        let body = serde_json::json!({"resource": name, "mark": mark, "guarded": guarded});
+        let mut r = text(StatusCode::OK, body.to_string());
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
     }
 
     /// `POST /reload`: what SIGHUP does, with the outcome in the answer: 200 and a summary,
@@ -102,12 +134,27 @@ impl Admin {
                 for k in &r.kept {
                     body.push_str(&format!("warning: {k}\n"));
                 }
+                for c in &r.carried_marks {
+                    body.push_str(&format!(
+                        "mark carried over: route {:?} now guards {:?} (was {:?}), mark {}\n",
+                        c.route, c.to, c.from, c.mark
+                    ));
+                }
+                for d in &r.retired {
+                    body.push_str(&format!(
+                        "warning: resource {:?} (mark {}) is no longer guarded ([marks] retired)\n",
+                        d.resource, d.mark
+                    ));
+                }
                 text(StatusCode::OK, body)
             }
             Err(e) => {
                 let status = match e {
                     ReloadError::Config(_) => StatusCode::BAD_REQUEST,
-                    ReloadError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    ReloadError::Unprotected(_) => StatusCode::CONFLICT,
+                    ReloadError::Store(_) | ReloadError::Carry { .. } => {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    }
                     ReloadError::AccessLog(_) | ReloadError::TaskLost(_) => {
                         StatusCode::INTERNAL_SERVER_ERROR
                     }

@@ -22,12 +22,20 @@
 //!   report it). Its own failures use the codes of `env` and `timeout`: 125 (etcd unreachable,
 //!   session or acquisition failed), 126 (CMD not executable), 127 (CMD not found); a signal
 //!   that arrives while it still waits for the lock ends the wait with 128+N.
-//! - After CMD exits the lock is released (the leadership resigned) and the lease revoked.
+//! - After CMD exits, whatever is left of its group is killed (nothing may go on writing with
+//!   the token once the lock is released), the lock is released (the leadership resigned) and
+//!   the lease revoked.
+//! - CMD never outlives palisade: a watchdog process ([`watchdog`]) kills CMD's group when
+//!   palisade dies, `kill -9` and the OOM killer included.
+//! - With `--recampaign`, a loss is not the end: once CMD is stopped, palisade starts a new
+//!   session (waiting for etcd to come back, with backoff), campaigns (or locks) again and
+//!   runs CMD again under the new token. SIGINT or SIGTERM ends it.
 //!
 //! The fencing token is what keeps the resource safe; the SIGTERM only stops a job that can
 //! no longer write anyway, and it can come late (palisade itself frozen, for example).
 
 mod signals;
+pub mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -57,7 +65,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Options shared by `palisade lock` and `palisade elect`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HoldArgs {
-    /// The lock's (or election's) name.
+    /// The name: every job sharing it (the same namespace too) takes turns.
     pub name: String,
     /// etcd endpoints, comma-separated.
     #[arg(
@@ -76,10 +84,19 @@ pub struct HoldArgs {
     /// Time between SIGTERM and SIGKILL after the lease is lost: `10`, `2.5`, `10s`, `500ms`.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub grace: Duration,
+    /// After the lease is lost (etcd unreachable past the TTL, the key deleted), stop CMD,
+    /// then wait for etcd, acquire again and rerun CMD with the new token, until SIGINT or
+    /// SIGTERM. Without it palisade exits after a loss. A CMD that exits on its own ends
+    /// palisade either way.
+    #[arg(long, alias = "reacquire")]
+    pub recampaign: bool,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, num_args = 1..)]
     pub command: Vec<OsString>,
 }
+
+/// Longest wait between two attempts with `--recampaign`.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// `palisade lock` or `palisade elect`.
 #[derive(Debug, Clone)]
@@ -178,18 +195,55 @@ async fn hold_and_run(hold: Hold) -> u8 {
             (args, Some(value))
         }
     };
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let round = hold_once(&args, value.as_deref(), &mut signals).await;
+        let again = match round {
+            Round::Done(code) => return code,
+            // A new owner could be elected meanwhile; that is what the token is for.
+            Round::Lost(code) | Round::Failed(code) if !args.recampaign => return code,
+            Round::Lost(_) => {
+                backoff = Duration::from_millis(250);
+                Duration::ZERO
+            }
+            Round::Failed(_) => backoff,
+        };
+        tracing::warn!(
+            name = %args.name,
+            wait = ?again,
+            "--recampaign: starting over with a new session"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(again) => {}
+            sig = signals.recv() => return signals::exit_code(sig),
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// How one session's round ended.
+enum Round {
+    /// CMD exited on its own, or palisade was told to stop: exit with this code.
+    Done(u8),
+    /// The lease or the entry was lost while CMD ran; CMD was stopped (its code).
+    Lost(u8),
+    /// etcd could not be reached, or the session or acquisition failed.
+    Failed(u8),
+}
+
+async fn hold_once(args: &HoldArgs, value: Option<&str>, signals: &mut Signals) -> Round {
     let session = tokio::select! {
-        s = start_session(&args) => match s {
+        s = start_session(args) => match s {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("palisade: {e}");
-                return EXIT_FAILED;
+                return Round::Failed(EXIT_FAILED);
             }
         },
-        sig = signals.recv() => return signals::exit_code(sig),
+        sig = signals.recv() => return Round::Done(signals::exit_code(sig)),
     };
     let acquire = async {
-        match &value {
+        match value {
             None => session.lock(&args.name).await.map(Held::Lock),
             Some(v) => session
                 .campaign(&args.name, v.as_bytes().to_vec())
@@ -203,17 +257,17 @@ async fn hold_and_run(hold: Hold) -> u8 {
             Err(e) => {
                 eprintln!("palisade: {}: {e}", args.name);
                 let _ = session.close().await;
-                return EXIT_FAILED;
+                return Round::Failed(EXIT_FAILED);
             }
         },
         sig = signals.recv() => {
             // The acquisition future is dropped; closing revokes the lease, which deletes
             // the entry whatever state the acquisition was in.
             let _ = session.close().await;
-            return signals::exit_code(sig);
+            return Round::Done(signals::exit_code(sig));
         }
     };
-    let code = supervise(&args, &session, &held, &mut signals).await;
+    let ended = supervise(args, &session, &held, signals).await;
     if !held.loss_signal().is_lost() {
         if let Err(e) = held.release().await {
             tracing::warn!(name = %args.name, error = %e, "release after the command failed");
@@ -225,7 +279,7 @@ async fn hold_and_run(hold: Hold) -> u8 {
             tracing::debug!(error = %e, "lease revoke failed; it expires by its TTL");
         }
     }
-    code
+    ended
 }
 
 async fn start_session(args: &HoldArgs) -> Result<Session, String> {
@@ -262,8 +316,34 @@ fn default_value() -> String {
     format!("{host}:{}", std::process::id())
 }
 
+/// Starts the watchdog: `palisade __watchdog` in a process group of its own, reading a pipe
+/// that closes when this process dies (see [`watchdog`]).
+fn start_watchdog() -> std::io::Result<(Child, tokio::process::ChildStdin, i32)> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .arg(watchdog::SUBCOMMAND)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .process_group(0)
+        .spawn()?;
+    let pipe = child
+        .stdin
+        .take()
+        .ok_or_else(|| std::io::Error::other("the watchdog has no stdin pipe"))?;
+    let group = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| std::io::Error::other("the watchdog exited at once"))?;
+    Ok((child, pipe, group))
+}
+
 /// Starts CMD and waits for it, forwarding signals and stopping it after a loss.
-async fn supervise(args: &HoldArgs, session: &Session, held: &Held, signals: &mut Signals) -> u8 {
+async fn supervise(
+    args: &HoldArgs,
+    session: &Session,
+    held: &Held,
+    signals: &mut Signals,
+) -> Round {
     let token = held.token();
     let entry = held.incarnation();
     // Acquiring can take long enough for the lease to run out behind it (palisade frozen, a
@@ -273,8 +353,15 @@ async fn supervise(args: &HoldArgs, session: &Session, held: &Held, signals: &mu
             "palisade: {}: ownership lost before the command started",
             args.name
         );
-        return EXIT_FAILED;
+        return Round::Lost(EXIT_FAILED);
     }
+    let (mut watchdog, pipe, group) = match start_watchdog() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("palisade: cannot start the watchdog process: {e}");
+            return Round::Done(EXIT_FAILED);
+        }
+    };
     let mut command = Command::new(&args.command[0]);
     command
         .args(&args.command[1..])
@@ -283,9 +370,10 @@ async fn supervise(args: &HoldArgs, session: &Session, held: &Held, signals: &mu
         .env("PALISADE_NAME", &args.name)
         .env("PALISADE_KEY", entry.key())
         .env("PALISADE_KEY_REVISION", entry.create_revision().to_string())
-        // Its own group, so that signals reach every process of the job (a pipeline, a
-        // shell's children), not only its first process.
-        .process_group(0);
+        // The watchdog's group, so that signals reach every process of the job (a pipeline,
+        // a shell's children), not only its first process, and so that the watchdog can take
+        // them all down if palisade dies.
+        .process_group(group);
     let mut child = match command.spawn() {
         Ok(c) => c,
         Err(e) => {
@@ -293,67 +381,87 @@ async fn supervise(args: &HoldArgs, session: &Session, held: &Held, signals: &mu
                 "palisade: cannot run {}: {e}",
                 args.command[0].to_string_lossy()
             );
-            return match e.kind() {
+            end_group(group, pipe, &mut watchdog).await;
+            // Not something a new session would change: no retry.
+            return Round::Done(match e.kind() {
                 std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
                 std::io::ErrorKind::PermissionDenied => EXIT_NOT_EXECUTABLE,
                 _ => EXIT_FAILED,
-            };
+            });
         }
     };
     tracing::debug!(name = %args.name, %token, pid = child.id(), "holding; command started");
-    let group = child.id().and_then(|id| i32::try_from(id).ok());
     let mut lost = held.loss_signal();
     let mut is_lost = false;
+    let mut stop_asked = false;
+    let mut watchdog_alive = true;
     let kill_at = tokio::time::sleep(Duration::MAX);
     tokio::pin!(kill_at);
+    // The group's id is the watchdog's pid, and the watchdog lives until `end_group`: the
+    // kernel cannot give the id to another process while it is signalled here.
     let status = loop {
         tokio::select! {
-            // Biased: once CMD has exited (and `wait` reaped it) nothing else may signal its
-            // group id, which the kernel can then give to another process.
             biased;
             status = child.wait() => break status,
-            sig = signals.recv() => signal_group(&child, group, sig),
+            sig = signals.recv() => {
+                stop_asked |= sig == Signal::INT || sig == Signal::TERM;
+                signal_group(group, sig);
+            }
             loss = lost.wait(), if !is_lost => {
                 tracing::warn!(
                     name = %args.name, %token, ?loss, grace = ?args.grace,
                     "ownership lost: sending SIGTERM to the command, SIGKILL after the grace"
                 );
-                signal_group(&child, group, Signal::TERM);
+                signal_group(group, Signal::TERM);
                 is_lost = true;
                 kill_at.as_mut().reset(tokio::time::Instant::now() + args.grace);
             }
             () = &mut kill_at, if is_lost => {
                 tracing::warn!(name = %args.name, "the command outlived the grace: SIGKILL");
-                signal_group(&child, group, Signal::KILL);
+                signal_group(group, Signal::KILL);
                 kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
+            }
+            w = watchdog.wait(), if watchdog_alive => {
+                watchdog_alive = false;
+                tracing::warn!(
+                    name = %args.name, status = ?w,
+                    "the watchdog process exited: the command is still supervised, but would \
+                     outlive palisade if palisade died now"
+                );
             }
         }
     };
-    if is_lost {
-        // The job must not go on writing after a loss: take down what is left of its group
-        // (children that ignored SIGTERM) right away, while the group id is still fresh.
-        if let Some(g) = group {
-            let _ = signals::kill_group(g, Signal::KILL);
-        }
-    }
-    match status {
+    // Nothing of the job may go on writing with the token once palisade lets go of the lock:
+    // the rest of its group (children that ignored SIGTERM, background processes) goes now.
+    end_group(group, pipe, &mut watchdog).await;
+    let code = match status {
         Ok(s) => exit_code(s),
         Err(e) => {
             eprintln!("palisade: waiting for the command failed: {e}");
             EXIT_FAILED
         }
+    };
+    if is_lost && !stop_asked {
+        Round::Lost(code)
+    } else {
+        Round::Done(code)
     }
 }
 
-/// Sends `sig` to CMD's process group, unless CMD has already been reaped.
-fn signal_group(child: &Child, group: Option<i32>, sig: Signal) {
-    if child.id().is_none() {
-        return;
-    }
-    if let Some(g) = group {
-        if let Err(e) = signals::kill_group(g, sig) {
-            tracing::debug!(group = g, ?sig, error = %e, "signal not delivered");
-        }
+/// Kills what is left of the job's group, the watchdog included, and reaps the watchdog.
+async fn end_group(group: i32, mut pipe: tokio::process::ChildStdin, watchdog: &mut Child) {
+    use tokio::io::AsyncWriteExt;
+    // The watchdog exits quietly on this byte; SIGKILL below ends it either way.
+    let _ = pipe.write_all(&[watchdog::DONE]).await;
+    let _ = signals::kill_group(group, Signal::KILL);
+    drop(pipe);
+    let _ = watchdog.wait().await;
+}
+
+/// Sends `sig` to CMD's process group.
+fn signal_group(group: i32, sig: Signal) {
+    if let Err(e) = signals::kill_group(group, sig) {
+        tracing::debug!(group, ?sig, error = %e, "signal not delivered");
     }
 }
 

@@ -41,7 +41,11 @@ pub(super) async fn advance(
         Ok(stored) => stored,
         Err(source) => {
             metrics.errors.inc();
-            return Err(Refused::Unavailable { token, source });
+            return Err(Refused::Unavailable {
+                token,
+                step: crate::reject::StoreStep::Persist { token: token.get() },
+                source,
+            });
         }
     };
     if stored > token.get() {

@@ -4,8 +4,12 @@
 use std::sync::Arc;
 
 use super::advance::learn;
-use super::{read, Admission, Resource};
+use std::time::Duration;
+
+use super::{read, Admission, Refused, Resource};
 use crate::marks::{Consistency, StoreError};
+use crate::reject::StoreStep;
+use crate::token::FencingToken;
 
 impl Admission {
     /// The resource named `name`, loading its mark from the store the first time it is asked
@@ -93,5 +97,43 @@ impl Admission {
             }
         }
         Ok(opened)
+    }
+
+    /// Raises the mark of `name` to at least `mark` as an advance would (persisted first,
+    /// then published; older requests of the resource are aborted at once), and returns the
+    /// mark afterwards. A reload carrying a renamed resource's mark over uses it; a mark
+    /// already at or above `mark` is left as it is.
+    ///
+    /// # Errors
+    /// [`Refused::Unavailable`] when the store could not load or persist the mark.
+    pub async fn raise(&self, name: &str, mark: u64) -> Result<u64, Refused> {
+        let Some(token) = FencingToken::new(mark) else {
+            return Ok(self.resource(name).map_or(0, |r| r.mark()));
+        };
+        let resource =
+            self.resource_or_open(name)
+                .await
+                .map_err(|source| Refused::Unavailable {
+                    token,
+                    step: StoreStep::Load,
+                    source,
+                })?;
+        match self.admit(&resource, token, Duration::ZERO).await {
+            Ok(_) | Err(Refused::Stale { .. }) => Ok(resource.mark()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The stored mark of `name` (0 when none), read from the store without adding the
+    /// resource: for looking up resources no route guards.
+    ///
+    /// # Errors
+    /// The store's error when it cannot be read.
+    pub async fn stored_mark(&self, name: &str) -> Result<u64, StoreError> {
+        if self.store.consistency() == Consistency::Local {
+            Ok(self.store.load().await?.get(name).copied().unwrap_or(0))
+        } else {
+            self.store.confirm(name).await
+        }
     }
 }

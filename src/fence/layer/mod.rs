@@ -292,8 +292,11 @@ fn decide_now(
             Some(Arc::clone(resource)),
             Some(token.get()),
         )),
-        Err(Refused::Unavailable { .. }) => Err((
-            Rejection::StoreUnavailable,
+        Err(Refused::Unavailable { step, .. }) => Err((
+            Rejection::StoreUnavailable {
+                step,
+                mark: Some(resource.mark()),
+            },
             Some(Arc::clone(resource)),
             Some(token.get()),
         )),
@@ -321,7 +324,13 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
         Ok(None) => return Err((Rejection::MissingToken, None, None)),
         Err(e) => return Err((Rejection::MalformedToken(e), None, None)),
     };
-    let unavailable = |_| (Rejection::StoreUnavailable, None, Some(token.get()));
+    let unavailable = |_| {
+        let load = Rejection::StoreUnavailable {
+            step: crate::reject::StoreStep::Load,
+            mark: None,
+        };
+        (load, None, Some(token.get()))
+    };
     let resource = match (&s.which, derived) {
         (Which::Fixed(name, cached), _) => match cached.get() {
             Some(r) => Arc::clone(r),
@@ -351,8 +360,11 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
             Some(resource),
             Some(token.get()),
         )),
-        Err(Refused::Unavailable { .. }) => Err((
-            Rejection::StoreUnavailable,
+        Err(Refused::Unavailable { step, .. }) => Err((
+            Rejection::StoreUnavailable {
+                step,
+                mark: Some(resource.mark()),
+            },
             Some(resource),
             Some(token.get()),
         )),

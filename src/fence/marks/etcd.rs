@@ -36,7 +36,10 @@ use tokio::time::Instant;
 use super::settings::EtcdSettings;
 use super::{BoxFuture, Consistency, MarkStore, Marks, StoreError};
 
+mod repair;
 mod watch;
+
+pub use repair::Found;
 
 /// The etcd mark store.
 #[derive(Clone)]

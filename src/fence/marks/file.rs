@@ -232,8 +232,11 @@ fn take_lock(path: &Path, dir: &Path) -> Result<File, StoreError> {
 ///
 /// A consistent snapshot even while a proxy writes it, since every write replaces the file
 /// by rename.
-#[cfg_attr(not(feature = "proxy"), allow(dead_code))] // used by `palisade marks list`
-pub(crate) fn read(path: &Path) -> Result<Option<Marks>, StoreError> {
+///
+/// # Errors
+/// [`StoreError::Io`] when it cannot be read, [`StoreError::Corrupt`] when it is not a
+/// marks file.
+pub fn read(path: &Path) -> Result<Option<Marks>, StoreError> {
     match fs::read(path) {
         Ok(bytes) => parse(path, &bytes).map(Some),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),

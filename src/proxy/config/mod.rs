@@ -43,6 +43,10 @@ pub struct Config {
     pub fencing: FencingSettings,
     /// Where marks are kept.
     pub marks: MarksSettings,
+    /// `[marks] retired`: resources whose protection the operator removed on purpose. A
+    /// reload that stops guarding a resource with a mark is refused unless it is listed here
+    /// (see [`crate::reload`]); their marks stay in the store.
+    pub retired: Vec<String>,
     /// Upstreams, in file order.
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
@@ -215,7 +219,8 @@ pub use crate::guard::MissingToken;
 pub enum PathMatch {
     /// `path`: this path, also with a trailing `/` or a `.format` suffix.
     Exact(String),
-    /// `path_prefix`: every path starting with it.
+    /// `path_prefix`: the prefix and every path below it, at segment boundaries
+    /// ([`crate::fence::path_prefix`]: `/warehouses/1` never takes `/warehouses/12`).
     Prefix(String),
 }
 
@@ -228,7 +233,7 @@ impl PathMatch {
             PathMatch::Exact(p) => key.strip_prefix(p.as_str()).is_some_and(|rest| {
                 rest.is_empty() || rest == "/" || (rest.starts_with('.') && !rest.contains('/'))
             }),
-            PathMatch::Prefix(p) => key.starts_with(p.as_str()),
+            PathMatch::Prefix(p) => crate::fence::path_prefix::matches(p, key),
         }
     }
 }
@@ -273,6 +278,56 @@ pub struct RouteSettings {
     /// once, at the upgrade request); otherwise `Upgrade` is removed like any hop-by-hop
     /// header.
     pub websocket: bool,
+    /// `allow_unguarded_tunnel`: accept an unguarded `websocket` route whose upstream also
+    /// serves guarded routes (a warning instead of an error; see [`ConfigWarning`]).
+    pub allow_unguarded_tunnel: bool,
+}
+
+/// Which route of a table takes a request (first match wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pick<'a, T> {
+    /// This route forwards it.
+    To(&'a T),
+    /// The path matched a route that refuses methods it does not list (405).
+    MethodNotAllowed(&'a T),
+    /// No route takes it (404).
+    Nowhere,
+}
+
+/// The routing rule, shared by the data path and by what a reload checks: the first route
+/// whose host (any case) and path (a [`path::match_key`]) match and that lists the method
+/// (any case: a legacy upstream may treat `post` as POST, so a lower-case spelling must not
+/// slip past a guarded route), or that refuses methods it does not list.
+#[inline]
+pub fn pick<'a, T>(
+    routes: &'a [T],
+    settings: impl Fn(&T) -> &RouteSettings,
+    method: &str,
+    host: &str,
+    key: &str,
+) -> Pick<'a, T> {
+    for r in routes {
+        let s = settings(r);
+        let place = s
+            .host
+            .as_deref()
+            .is_none_or(|h| host.eq_ignore_ascii_case(h))
+            && s.path.matches(key);
+        if !place {
+            continue;
+        }
+        let listed = s
+            .methods
+            .as_ref()
+            .is_none_or(|ms| ms.iter().any(|m| m.as_str().eq_ignore_ascii_case(method)));
+        if listed {
+            return Pick::To(r);
+        }
+        if s.other_methods == OtherMethods::Reject {
+            return Pick::MethodNotAllowed(r);
+        }
+    }
+    Pick::Nowhere
 }
 
 /// What a route does with a request whose path (and host) it matches but whose method it does
@@ -326,6 +381,41 @@ impl Config {
             source,
         })?;
         Self::parse(&text, &file)
+    }
+
+    /// One line per route, in the order routes are tried: what it matches and what it does
+    /// (`palisade check` prints these).
+    pub fn describe(&self) -> Vec<String> {
+        self.routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let methods = r.methods.as_ref().map_or_else(
+                    || "every method".to_owned(),
+                    |m| m.iter().map(Method::as_str).collect::<Vec<_>>().join(","),
+                );
+                let host = r
+                    .host
+                    .as_deref()
+                    .map_or_else(String::new, |h| format!(" host {h},"));
+                let what = if r.guard {
+                    format!("guarded by the mark of resource {:?}", r.resource)
+                } else {
+                    "unguarded (forwarded unchecked)".to_owned()
+                };
+                let tunnel = if r.websocket {
+                    ", WebSocket upgrades"
+                } else {
+                    ""
+                };
+                format!(
+                    "route[{i}] {:?}:{host} {}, {methods} -> upstream {:?}, {what}{tunnel}",
+                    r.name,
+                    r.path.describe(),
+                    self.upstreams[r.upstream].name
+                )
+            })
+            .collect()
     }
 
     /// Validates `text` as if read from `file` (relative paths resolve against its directory).

@@ -76,6 +76,8 @@ pub(super) struct Marks {
     pub(super) store: StoreKind,
     pub(super) path: Option<Spanned<String>>,
     pub(super) etcd: Option<super::etcd::Raw>,
+    #[serde(default)]
+    pub(super) retired: Vec<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -124,6 +126,8 @@ pub(super) struct Route {
     pub(super) response_timeout_ms: Option<u64>,
     pub(super) max_body_bytes: Option<Spanned<u64>>,
     pub(super) websocket: Option<Spanned<bool>>,
+    #[serde(default)]
+    pub(super) allow_unguarded_tunnel: bool,
 }
 
 /// `[proxy] http1_fast_path` when the file does not say (see `ProxySettings::http1_fast_path`).

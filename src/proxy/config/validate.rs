@@ -13,11 +13,22 @@ impl Validator<'_> {
     /// Validates every section, collecting every error found (each with its place and key)
     /// rather than stopping at the first, so an operator can fix a file in one pass. A route
     /// whose upstream is itself invalid is skipped: its upstream's error says what to fix.
-    pub(super) fn validate(&self, raw: raw::File) -> Result<Config, ConfigError> {
+    pub(super) fn validate(&self, mut raw: raw::File) -> Result<Config, ConfigError> {
         let mut errors = Vec::new();
         let proxy = keep(&mut errors, self.proxy(raw.proxy));
         let admin = keep(&mut errors, self.admin(raw.admin));
         let header = keep(&mut errors, self.header(raw.fencing));
+        let mut retired = Vec::new();
+        for (i, r) in std::mem::take(&mut raw.marks.retired)
+            .into_iter()
+            .enumerate()
+        {
+            if r.get_ref().is_empty() {
+                errors.push(self.at(&r, format!("marks.retired[{i}]"), "must not be empty"));
+            } else if !retired.contains(r.get_ref()) {
+                retired.push(r.into_inner());
+            }
+        }
         let marks = keep(&mut errors, self.marks(raw.marks));
 
         let mut upstreams: Vec<UpstreamSettings> = Vec::with_capacity(raw.upstream.len());
@@ -46,6 +57,23 @@ impl Validator<'_> {
                 routes.push(route);
             }
         }
+        for (i, r) in routes.iter().enumerate() {
+            if r.allow_unguarded_tunnel {
+                continue;
+            }
+            if let Some(guarded) = tunnel_around(&routes, &upstreams, i) {
+                errors.push(self.error(
+                    spans[i],
+                    format!("route[{i}].websocket"),
+                    format_args!(
+                        "{}; guard this route (the upgrade then needs a current token), give \
+                         it an upstream that serves no guarded route, or set \
+                         allow_unguarded_tunnel = true to accept the risk",
+                        tunnel_risk(&r.name, &guarded)
+                    ),
+                ));
+            }
+        }
         let access_log = keep(
             &mut errors,
             raw.access_log.map(|a| self.access_log(a)).transpose(),
@@ -55,13 +83,14 @@ impl Validator<'_> {
         else {
             return Err(ConfigError::collected(errors));
         };
-        let warnings = self.method_warnings(&routes, &spans);
+        let warnings = self.method_warnings(&routes, &upstreams, &spans);
         Ok(Config {
             file: self.file.to_path_buf(),
             proxy,
             admin,
             fencing: FencingSettings { header },
             marks,
+            retired,
             upstreams,
             routes,
             access_log,
@@ -323,6 +352,7 @@ impl Validator<'_> {
             response_timeout,
             max_body_bytes,
             websocket,
+            allow_unguarded_tunnel: r.allow_unguarded_tunnel,
         }))
     }
 
@@ -342,4 +372,46 @@ impl Validator<'_> {
 /// Keeps `r`'s value, or notes its error and gives `None`.
 fn keep<T>(errors: &mut Vec<ConfigError>, r: Result<T, ConfigError>) -> Option<T> {
     r.map_err(|e| errors.push(e)).ok()
+}
+
+/// The guarded routes that route `i`'s WebSocket tunnels could reach unchecked: `i` is an
+/// unguarded `websocket` route and they send to one of its upstream's addresses. `None` when
+/// there are none.
+pub(super) fn tunnel_around(
+    routes: &[RouteSettings],
+    upstreams: &[UpstreamSettings],
+    i: usize,
+) -> Option<Vec<String>> {
+    let r = &routes[i];
+    if !r.websocket || r.guard {
+        return None;
+    }
+    let ours = &upstreams[r.upstream].addresses;
+    let guarded: Vec<String> = routes
+        .iter()
+        .filter(|g| {
+            g.guard
+                && upstreams[g.upstream]
+                    .addresses
+                    .iter()
+                    .any(|a| ours.contains(a))
+        })
+        .map(|g| g.name.clone())
+        .collect();
+    (!guarded.is_empty()).then_some(guarded)
+}
+
+/// Why an unguarded WebSocket route next to guarded ones is a hole, in words.
+pub(super) fn tunnel_risk(route: &str, guarded: &[String]) -> String {
+    format!(
+        "unguarded route {route:?} allows WebSocket upgrades to an upstream that also serves \
+         guarded routes ({}): once the upstream answers 101 the connection is a raw tunnel \
+         palisade no longer reads, so a stale owner can send guarded writes through it to an \
+         upstream that keeps parsing HTTP on it",
+        guarded
+            .iter()
+            .map(|g| format!("{g:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }

@@ -8,16 +8,33 @@ use super::*;
 impl PathMatch {
     /// Whether some request path could match both.
     pub fn overlaps(&self, other: &PathMatch) -> bool {
-        let (a, b) = (self.text(), other.text());
-        a.starts_with(b) || b.starts_with(a)
+        self.covers(other) || other.covers(self) || {
+            // Two exact paths, or an exact path and a prefix, also meet on each other's
+            // spellings (`/orders/`, `/orders.json`).
+            self.matches(other.text()) || other.matches(self.text())
+        }
     }
 
     /// Whether every path `other` matches is matched by `self` too.
     pub fn covers(&self, other: &PathMatch) -> bool {
         match (self, other) {
-            (PathMatch::Prefix(p), o) => o.text().starts_with(p.as_str()),
+            (PathMatch::Prefix(p), o) => crate::fence::path_prefix::matches(p, o.text()),
             (PathMatch::Exact(a), PathMatch::Exact(b)) => a == b,
             (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+        }
+    }
+
+    /// What the match takes, in words (for `palisade check`).
+    pub fn describe(&self) -> String {
+        match self {
+            PathMatch::Exact(p) => format!("path {p:?}: also {p}/ and {p}.<format>"),
+            PathMatch::Prefix(p) if p.ends_with('/') => {
+                format!("path_prefix {p:?}: every path starting with {p}")
+            }
+            PathMatch::Prefix(p) => format!(
+                "path_prefix {p:?}: {p}, {p}.<format> and everything below {p}/, never a \
+                 longer segment such as {p}0"
+            ),
         }
     }
 
@@ -48,6 +65,7 @@ impl Validator<'_> {
     pub(super) fn method_warnings(
         &self,
         routes: &[RouteSettings],
+        upstreams: &[UpstreamSettings],
         spans: &[usize],
     ) -> Vec<ConfigWarning> {
         let mut out = Vec::new();
@@ -70,6 +88,45 @@ impl Validator<'_> {
                 message,
             }
         };
+        for (i, r) in routes.iter().enumerate() {
+            if !r.allow_unguarded_tunnel {
+                continue;
+            }
+            if let Some(guarded) = super::validate::tunnel_around(routes, upstreams, i) {
+                out.push(warn(
+                    i,
+                    format!(
+                        "{} (allow_unguarded_tunnel = true accepts this)",
+                        super::validate::tunnel_risk(&r.name, &guarded)
+                    ),
+                ));
+            }
+        }
+        // A route that an earlier one matches whole is never reached (routes are tried in
+        // file order). The unguarded-before-guarded case gets its own message below.
+        for (j, later) in routes.iter().enumerate() {
+            let earlier = routes[..j].iter().enumerate().find(|(_, e)| {
+                (e.host.is_none() || e.host == later.host)
+                    && e.path.covers(&later.path)
+                    && match (&e.methods, &later.methods) {
+                        (None, _) => true,
+                        (Some(_), None) => false,
+                        (Some(em), Some(lm)) => lm.iter().all(|m| em.contains(m)),
+                    }
+            });
+            if let Some((i, e)) = earlier.filter(|(_, e)| !later.guard || e.guard) {
+                out.push(warn(
+                    j,
+                    format!(
+                        "route {:?} is never reached: route[{i}] {:?} comes before it and matches \
+                         every request it would match ({})",
+                        later.name,
+                        e.name,
+                        e.path.describe()
+                    ),
+                ));
+            }
+        }
         for (gi, g) in routes.iter().enumerate().filter(|(_, g)| g.guard) {
             for (ri, r) in routes
                 .iter()

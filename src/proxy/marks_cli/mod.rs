@@ -16,8 +16,19 @@
 //! `list` only reads: a marks file is replaced by rename on every write, so it is a consistent
 //! snapshot even while a proxy runs, and it takes no lock, so it can never make a proxy that is
 //! starting at that moment fail.
+//!
+//! With `store = "etcd"` (feature `etcd`) both work on the shared marks: `list` is one range
+//! read (values that are not 8-byte marks, such as one written by `etcdctl put`, which drops
+//! NUL bytes, are shown as corrupt), and `set` writes the mark and its audit record (the same
+//! JSON as the file store's audit line) in one etcd transaction, under
+//! `<prefix>.audit/` beside the marks (`etcdctl get --prefix /palisade/marks.audit/` reads
+//! the trail), and logs it at `warn`. Replicas keep running: a raised mark reaches them
+//! through their watch at once, but a lowered one only when each replica restarts (a
+//! running proxy never lowers a mark it knows), which `set` says.
 
 mod audit;
+#[cfg(feature = "etcd")]
+mod etcd;
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -44,8 +55,8 @@ pub enum MarksCommand {
         #[arg(long, short)]
         config: PathBuf,
     },
-    /// Set RESOURCE's mark to VALUE, lower or higher (0 removes it). Needs --force and a
-    /// stopped proxy; audited.
+    /// Set RESOURCE's mark to VALUE, lower or higher (0 removes it). Needs --force (and, for
+    /// the file store, its proxy stopped); audited.
     Set {
         /// The resource (a route's `resource`).
         resource: String,
@@ -79,11 +90,10 @@ pub enum CliError {
         /// The configuration file.
         config: PathBuf,
     },
-    /// `store = "etcd"`: not handled by this command yet.
+    /// `store = "etcd"` in a binary built without the `etcd` feature.
     #[error(
-        "{config}: store = \"etcd\": `palisade marks` does not work on etcd yet; read a mark \
-         with `etcdctl get --prefix <prefix>` (values are 8-byte big-endian) and see the \
-         README's \"Several replicas\" for the recovery procedure"
+        "{config}: store = \"etcd\" needs the `etcd` feature, which this palisade was built \
+         without (cargo build --release --features etcd; the default build has it)"
     )]
     EtcdStore {
         /// The configuration file.
@@ -150,6 +160,10 @@ pub fn run(command: MarksCommand) -> ExitCode {
 /// [`CliError`]: the configuration is invalid, the store is `memory`, `set` lacks `--force`,
 /// a proxy holds the store, or the store or the audit log cannot be read or written.
 pub fn execute(command: MarksCommand, out: &mut impl Write) -> Result<(), CliError> {
+    #[cfg(feature = "etcd")]
+    if let Some(done) = etcd::execute(&command, out) {
+        return done;
+    }
     match command {
         MarksCommand::List { config } => list(&config, out),
         MarksCommand::Set {
@@ -236,7 +250,7 @@ impl Locked {
     }
 }
 
-fn guarded(config: &Config, resource: &str) -> bool {
+pub(super) fn guarded(config: &Config, resource: &str) -> bool {
     config
         .routes
         .iter()

@@ -99,6 +99,9 @@ impl Proxy {
             admission,
             unrouted: metrics.outcomes(""),
             access_log,
+            stale_log: previous.map_or_else(super::stale_log::StaleLog::new, |p| {
+                Arc::clone(&p.stale_log)
+            }),
         };
         (proxy, carried)
     }

@@ -17,6 +17,7 @@ mod note;
 mod refuse;
 mod request;
 mod rewrite;
+mod stale_log;
 mod tls;
 mod upgrade;
 mod upstream;
@@ -66,6 +67,8 @@ pub struct Proxy {
     /// Every route can take the HTTP/1.1 fast path: it need not route a request to know.
     all_fast: bool,
     access_log: Option<Arc<AccessLog>>,
+    /// Which stale refusals are logged whole (kept across reloads).
+    stale_log: Arc<stale_log::StaleLog>,
 }
 
 struct Route {

@@ -14,10 +14,10 @@ use super::request::{token_alias, RequestView};
 use super::upstream::Upstream;
 use super::{Note, Proxy, Route, Routed};
 use crate::admission::{Refused, Resource};
-use crate::config::{MissingToken, OtherMethods};
+use crate::config::{MissingToken, Pick};
 use crate::drain::Ticket;
 use crate::metrics::Outcome;
-use crate::reject::{Context, Rejection};
+use crate::reject::{Context, Rejection, StoreStep};
 use crate::token::FencingToken;
 
 impl Proxy {
@@ -102,15 +102,24 @@ impl Proxy {
     ) -> Response<Full<Bytes>> {
         note.set(outcome, token);
         let resource = route.resource.as_deref();
-        tracing::info!(
-            route = %route.settings.name,
-            resource = resource.map(Resource::name),
-            token,
-            mark = resource.map(Resource::mark),
-            peer = %peer,
-            reason = %rejection,
-            "request refused"
-        );
+        let whole = match (&rejection, resource) {
+            (Rejection::Stale { token, mark }, Some(r)) => {
+                self.stale_log
+                    .first(&route.settings.name, r.name(), *token, *mark)
+            }
+            _ => true,
+        };
+        if whole {
+            tracing::info!(
+                route = %route.settings.name,
+                resource = resource.map(Resource::name),
+                token,
+                mark = resource.map(Resource::mark),
+                peer = %peer,
+                reason = %rejection,
+                "request refused"
+            );
+        }
         route.metrics.count(outcome);
         route
             .metrics
@@ -182,16 +191,31 @@ impl Proxy {
                     Some(t.get()),
                 ))
             }
-            Err(Refused::Unavailable { source, .. }) => {
-                tracing::error!(
-                    route = %route.settings.name,
-                    resource = %resource.name(),
-                    token = t.get(),
-                    error = %source,
-                    "mark store cannot persist; refusing the advance"
-                );
+            Err(Refused::Unavailable { source, step, .. }) => {
+                let mark = resource.mark();
+                match step {
+                    StoreStep::Confirm => tracing::error!(
+                        route = %route.settings.name,
+                        resource = %resource.name(),
+                        token = t.get(),
+                        mark,
+                        error = %source,
+                        "mark store cannot confirm the mark; refusing the request"
+                    ),
+                    _ => tracing::error!(
+                        route = %route.settings.name,
+                        resource = %resource.name(),
+                        token = t.get(),
+                        mark,
+                        error = %source,
+                        "mark store cannot persist; refusing the advance"
+                    ),
+                }
                 Err((
-                    Rejection::StoreUnavailable,
+                    Rejection::StoreUnavailable {
+                        step,
+                        mark: Some(mark),
+                    },
                     Outcome::Unavailable,
                     Some(t.get()),
                 ))
@@ -200,30 +224,11 @@ impl Proxy {
     }
 
     pub(super) fn route(&self, method: &str, host: &str, key: &str) -> Routed<'_> {
-        for r in &self.routes {
-            let s = &r.settings;
-            let place = s
-                .host
-                .as_deref()
-                .is_none_or(|h| host.eq_ignore_ascii_case(h))
-                && s.path.matches(key);
-            if !place {
-                continue;
-            }
-            // Methods match whatever their case: a legacy upstream may treat `post` as POST,
-            // so a lower-case spelling must not slip past a guarded route.
-            let listed = s
-                .methods
-                .as_ref()
-                .is_none_or(|ms| ms.iter().any(|m| m.as_str().eq_ignore_ascii_case(method)));
-            if listed {
-                return Routed::To(r);
-            }
-            if s.other_methods == OtherMethods::Reject {
-                return Routed::MethodNotAllowed(r);
-            }
+        match crate::config::pick(&self.routes, |r| &r.settings, method, host, key) {
+            Pick::To(r) => Routed::To(r),
+            Pick::MethodNotAllowed(r) => Routed::MethodNotAllowed(r),
+            Pick::Nowhere => Routed::Nowhere,
         }
-        Routed::Nowhere
     }
 
     pub(super) fn refuse_unrouted(
@@ -235,9 +240,21 @@ impl Proxy {
         req: &impl RequestView,
         note: &mut Note<'_>,
     ) -> Response<Full<Bytes>> {
-        note.set(outcome, None);
-        tracing::info!(method = req.method(), path = req.path(), peer = %peer, reason = %rejection, "request refused");
+        // A well-formed token is echoed back, as on routed refusals; a malformed one is not
+        // judged here (no route asked for it).
+        let token = req
+            .fields()
+            .token(&self.header)
+            .ok()
+            .flatten()
+            .map(|t| t.get());
+        note.set(outcome, token);
+        tracing::info!(method = req.method(), path = req.path(), peer = %peer, token, reason = %rejection, "request refused");
         self.unrouted.count(outcome);
-        rejection.respond(Context::default(), grpc.as_ref())
+        let ctx = Context {
+            token,
+            ..Context::default()
+        };
+        rejection.respond(ctx, grpc.as_ref())
     }
 }

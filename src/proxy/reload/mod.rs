@@ -9,15 +9,22 @@
 //!    changes nothing (the error, with file:line:column, is logged and returned);
 //! 2. keeps the running value of every key that applies only at start ([`KeptKey`]: listen
 //!    addresses, the mark store, workers, connection limits) and warns about each;
-//! 3. opens the resources that are new to the configuration, each with its mark loaded
+//! 3. never lets a reload drop protection ([`protection`]): where the running routes guard
+//!    requests with a mark above 0, the new routes must still guard them. Requests that now
+//!    reach a guarded route of another resource carry the old mark over (raised and
+//!    persisted before the new routes serve); requests that would reach an unguarded route
+//!    refuse the reload ([`ReloadError::Unprotected`]) unless `[marks] retired` lists the
+//!    resource, the operator's explicit and logged decision;
+//! 4. opens the resources that are new to the configuration, each with its mark loaded
 //!    from the store ([`Admission::open_resources`]), before any route uses them; known
 //!    resources keep their marks (marks are state, not configuration);
-//! 4. builds the new `Proxy`, carrying over unchanged upstreams with their connections and
+//! 5. builds the new `Proxy`, carrying over unchanged upstreams with their connections and
 //!    an unchanged access log ([`Proxy::build`]), and swaps it in.
 //!
 //! Counted in `palisade_config_reloads_total{result="ok"|"error"}`.
 
 mod fixed;
+pub mod protection;
 
 use std::sync::Arc;
 
@@ -49,6 +56,22 @@ pub enum ReloadError {
     /// The task reading the file failed.
     #[error("reading the configuration failed: {0}")]
     TaskLost(#[source] tokio::task::JoinError),
+    /// The new configuration stops guarding resources that have marks.
+    #[error("{}", protection::explain(.0))]
+    Unprotected(Vec<protection::Dropped>),
+    /// A mark could not be carried over to a renamed resource.
+    #[error("cannot carry the mark {mark} of {from:?} over to {to:?}: {source}")]
+    Carry {
+        /// The old resource.
+        from: String,
+        /// The new resource.
+        to: String,
+        /// The mark carried.
+        mark: u64,
+        /// Why it failed.
+        #[source]
+        source: crate::admission::Refused,
+    },
 }
 
 /// What a successful reload changed.
@@ -60,6 +83,10 @@ pub struct Reloaded {
     pub carried: CarriedOver,
     /// Resources new to the configuration, with marks loaded from the store.
     pub new_resources: Vec<String>,
+    /// Marks carried over to renamed resources.
+    pub carried_marks: Vec<protection::Carried>,
+    /// Resources with marks that are no longer guarded because `[marks] retired` lists them.
+    pub retired: Vec<protection::Dropped>,
     /// Keys whose new values take a restart (their running values stay).
     pub kept: Vec<KeptKey>,
 }
@@ -138,6 +165,21 @@ impl Reloader {
                 for k in &r.kept {
                     tracing::warn!("config reload: {k}");
                 }
+                for c in &r.carried_marks {
+                    tracing::warn!(
+                        route = %c.route, from = %c.from, to = %c.to, mark = c.mark,
+                        "config reload: the route's requests now go to another resource; the old \
+                         mark was carried over (persisted before the new routes serve)"
+                    );
+                }
+                for d in &r.retired {
+                    tracing::warn!(
+                        resource = %d.resource, mark = d.mark, route = %d.route, why = %d.why,
+                        "config reload: resource no longer guarded, as [marks] retired says; \
+                         its mark stays in the store (audit: operator's decision in {})",
+                        in_force.file.display()
+                    );
+                }
                 tracing::info!(
                     file = %in_force.file.display(),
                     routes = r.routes,
@@ -162,6 +204,12 @@ impl Reloader {
             .await
             .map_err(ReloadError::TaskLost)??;
         let kept = fixed::keep(in_force, &mut next);
+        let plan = protection::plan(in_force, &next, |r| {
+            i.admission.resource(r).map_or(0, |r| r.mark())
+        });
+        if !plan.unprotected.is_empty() {
+            return Err(ReloadError::Unprotected(plan.unprotected));
+        }
         let new_resources = i
             .admission
             .open_resources(
@@ -171,6 +219,18 @@ impl Reloader {
                     .map(|r| r.resource.as_str()),
             )
             .await?;
+        // Before the new routes serve: the renamed resource starts from the old mark.
+        for c in &plan.carried {
+            i.admission
+                .raise(&c.to, c.mark)
+                .await
+                .map_err(|source| ReloadError::Carry {
+                    from: c.from.clone(),
+                    to: c.to.clone(),
+                    mark: c.mark,
+                    source,
+                })?;
+        }
         let previous = i.current.load_full();
         let access_log = match &next.access_log {
             None => None,
@@ -197,6 +257,8 @@ impl Reloader {
             routes: next.routes.len(),
             carried,
             new_resources,
+            carried_marks: plan.carried,
+            retired: plan.retired,
             kept,
         };
         *in_force = next;

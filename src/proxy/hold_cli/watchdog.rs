@@ -1,0 +1,53 @@
+//! The job never outlives its supervisor: a watchdog process that takes the job's process
+//! group down when `palisade lock|elect` dies, however it dies.
+//!
+//! Before CMD starts, palisade starts itself again as `palisade __watchdog` in a new process
+//! group, with a pipe on its stdin, and CMD joins that group. The watchdog only reads the
+//! pipe. When palisade exits in any way, `kill -9` and the OOM killer included, the kernel
+//! closes palisade's end, the watchdog reads end-of-file and sends SIGKILL to the whole group:
+//! CMD, its children, and itself. The group's id is the watchdog's pid, so it cannot be handed
+//! to another process while palisade still signals it.
+//!
+//! What this does not cover: a frozen palisade (SIGSTOP, a VM pause) keeps the pipe open, so
+//! the job goes on, and so does a process that left the group (`setsid`). Then the lease
+//! runs out and the fencing token is what keeps the resource safe; under systemd,
+//! `KillMode=mixed` (deploy/systemd/) also ends every process of the unit when palisade goes.
+//! A `kill -9` of the watchdog alone leaves the job supervised by palisade (which logs it).
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use rustix::process::{getpgrp, kill_process_group, Signal};
+
+/// The hidden subcommand palisade runs itself as.
+pub const SUBCOMMAND: &str = "__watchdog";
+
+/// What palisade writes to the pipe when it ends the group itself (the watchdog then exits
+/// quietly).
+pub(super) const DONE: u8 = b'd';
+
+/// `palisade __watchdog`: waits for palisade to go, then kills its own process group.
+pub fn run() -> ExitCode {
+    // The signals palisade forwards to the job's group reach the watchdog too; it must
+    // survive them (a SIGTERM to the job is not the end of its supervisor). Registering a
+    // handler replaces their default action (death); nothing needs to read them.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build();
+    let _ignored = rt.as_ref().ok().map(|rt| {
+        let _entered = rt.enter();
+        super::signals::Signals::new()
+    });
+    let mut byte = [0u8; 1];
+    let read = std::io::stdin().lock().read(&mut byte);
+    if matches!(read, Ok(1)) && byte[0] == DONE {
+        return ExitCode::SUCCESS;
+    }
+    eprintln!(
+        "palisade: the supervisor of this lock's command is gone; killing the command's \
+         process group"
+    );
+    // Kills this process too.
+    let _ = kill_process_group(getpgrp(), Signal::KILL);
+    ExitCode::FAILURE
+}

@@ -1,0 +1,349 @@
+//! A configuration change never drops protection: what a reload does with the marks of the
+//! requests the running routes guard.
+//!
+//! Marks belong to resources, and routes send requests to resources. Were a reload to send a
+//! guarded route's requests to a resource name with a lower mark, or to an unguarded route,
+//! a zombie whose token is below the old mark would reach the upstream again. So for every
+//! guarded route of the running configuration whose resource has a mark above 0, the new
+//! route table is asked where that route's requests go now: the route's own path and its
+//! spellings (`/p`, `/p/`, `/p.json`, a path below it), every path of a new route inside
+//! its space, with each method it takes (or a set of common and unusual ones, plus every
+//! method the new routes name) and each host (its own, or every host the new routes name and
+//! one they do not). Then:
+//!
+//! - requests that reach no route (404, 405) lose nothing;
+//! - requests that reach a guarded route of another resource **carry the mark over**: that
+//!   resource's mark is raised to the old one (persisted like an advance) before the new routes
+//!   serve, so a renamed resource keeps its protection;
+//! - requests that reach an unguarded route are **refused**: the reload changes nothing and
+//!   says which resource, with which mark, would lose its guard, which request shows it, and
+//!   the two ways forward, unless the resource is listed in `[marks] retired`, the operator's
+//!   explicit word in the file, logged at `warn` on every such reload (its mark stays in the
+//!   store).
+//!
+//! `palisade check --config NEW --previous OLD` prints the same plan before a reload.
+
+use std::collections::BTreeSet;
+
+use crate::config::{pick, Config, PathMatch, Pick, RouteSettings};
+
+/// A mark carried over to the resource that now takes a guarded route's requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carried {
+    /// The running route whose requests now go to `to`.
+    pub route: String,
+    /// The resource it guarded.
+    pub from: String,
+    /// The resource that takes its requests now.
+    pub to: String,
+    /// The mark carried.
+    pub mark: u64,
+}
+
+/// A resource with a mark whose requests the new configuration would forward unguarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dropped {
+    /// The resource.
+    pub resource: String,
+    /// Its mark.
+    pub mark: u64,
+    /// The running route that guarded it.
+    pub route: String,
+    /// A request that shows it: `POST /orders/x now goes to unguarded route "all"`.
+    pub why: String,
+}
+
+/// What a change from one configuration to the next does with marks.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Marks to carry over before the new routes serve.
+    pub carried: Vec<Carried>,
+    /// Resources left unguarded on the operator's word (`[marks] retired`).
+    pub retired: Vec<Dropped>,
+    /// Resources that would lose their guard: the change must be refused.
+    pub unprotected: Vec<Dropped>,
+}
+
+/// Methods tried for a route that takes every method: the common ones, and one no route is
+/// likely to list.
+const METHODS: [&str; 8] = [
+    "GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE", "PROPFIND",
+];
+/// A path segment and a host no configuration names.
+const PROBE_SEGMENT: &str = "palisade-probe";
+const PROBE_HOST: &str = "palisade-probe.invalid";
+
+/// The requests that stand for everything route `r` takes: (method, host, path key).
+fn probes(r: &RouteSettings, next: &Config) -> Vec<(String, String, String)> {
+    let base = match &r.path {
+        PathMatch::Exact(p) | PathMatch::Prefix(p) => p.clone(),
+    };
+    let mut paths = BTreeSet::new();
+    let trimmed = base.trim_end_matches('/');
+    paths.insert(base.clone());
+    paths.insert(format!("{trimmed}/"));
+    paths.insert(format!("{trimmed}.json"));
+    paths.insert(format!("{trimmed}/{PROBE_SEGMENT}"));
+    for n in &next.routes {
+        let p = match &n.path {
+            PathMatch::Exact(p) | PathMatch::Prefix(p) => p,
+        };
+        paths.insert(p.clone());
+        paths.insert(format!("{}/{PROBE_SEGMENT}", p.trim_end_matches('/')));
+    }
+    paths.retain(|p| r.path.matches(p));
+    let methods: BTreeSet<String> = match &r.methods {
+        Some(ms) => ms.iter().map(|m| m.as_str().to_owned()).collect(),
+        None => METHODS
+            .iter()
+            .map(|m| (*m).to_owned())
+            .chain(
+                next.routes
+                    .iter()
+                    .flat_map(|n| n.methods.iter().flatten().map(|m| m.as_str().to_owned())),
+            )
+            .collect(),
+    };
+    let hosts: BTreeSet<String> = match &r.host {
+        Some(h) => [h.clone()].into(),
+        None => next
+            .routes
+            .iter()
+            .filter_map(|n| n.host.clone())
+            .chain([PROBE_HOST.to_owned()])
+            .collect(),
+    };
+    let mut out = Vec::new();
+    for m in &methods {
+        for h in &hosts {
+            for p in &paths {
+                out.push((m.clone(), h.clone(), p.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The plan for changing from `running` to `next`, with `mark` giving a resource's current
+/// mark (0: none; a resource without a mark loses nothing).
+pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan {
+    let mut out = Plan::default();
+    let mut carried = BTreeSet::new();
+    let mut dropped = BTreeSet::new();
+    for r in running.routes.iter().filter(|r| r.guard) {
+        let m = mark(&r.resource);
+        if m == 0 || dropped.contains(&r.resource) {
+            continue;
+        }
+        let mut leak = None;
+        for (method, host, path) in probes(r, next) {
+            match pick(&next.routes, |n| n, &method, &host, &path) {
+                Pick::Nowhere | Pick::MethodNotAllowed(_) => {}
+                Pick::To(n) if n.guard => {
+                    if n.resource != r.resource
+                        && carried.insert((r.resource.clone(), n.resource.clone()))
+                    {
+                        out.carried.push(Carried {
+                            route: r.name.clone(),
+                            from: r.resource.clone(),
+                            to: n.resource.clone(),
+                            mark: m,
+                        });
+                    }
+                }
+                Pick::To(n) => {
+                    let shown = if host == PROBE_HOST || r.host.is_none() {
+                        format!("{method} {path}")
+                    } else {
+                        format!("{method} {path} (host {host})")
+                    };
+                    leak = Some(format!("{shown} would go to unguarded route {:?}", n.name));
+                    break;
+                }
+            }
+        }
+        let Some(why) = leak else { continue };
+        dropped.insert(r.resource.clone());
+        let d = Dropped {
+            resource: r.resource.clone(),
+            mark: m,
+            route: r.name.clone(),
+            why,
+        };
+        if next.retired.contains(&r.resource) {
+            out.retired.push(d);
+        } else {
+            out.unprotected.push(d);
+        }
+    }
+    out
+}
+
+/// The refusal's text: every resource that would lose its guard, and what to do.
+pub fn explain(unprotected: &[Dropped]) -> String {
+    let list: Vec<String> = unprotected
+        .iter()
+        .map(|d| {
+            format!(
+                "resource {:?} (mark {}, route {:?}) would lose its guard: {}",
+                d.resource, d.mark, d.route, d.why
+            )
+        })
+        .collect();
+    format!(
+        "refusing a configuration that drops protection, nothing changed: {}. Tokens below \
+         those marks would reach the upstream again. Keep such requests on a guarded route \
+         (a renamed resource gets the old mark carried over), or, to stop guarding a \
+         resource on purpose, list it in [marks] retired = [...] (its mark stays in the store)",
+        list.join("; ")
+    )
+}
+
+impl std::fmt::Display for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.carried.is_empty() && self.retired.is_empty() && self.unprotected.is_empty() {
+            return f.write_str("marks: every guarded resource stays guarded");
+        }
+        let mut first = true;
+        let mut line = |f: &mut std::fmt::Formatter<'_>, s: String| {
+            if !first {
+                f.write_str("\n")?;
+            }
+            first = false;
+            f.write_str(&s)
+        };
+        for c in &self.carried {
+            line(
+                f,
+                format!(
+                    "marks: requests of route {:?} (resource {:?}) now go to resource {:?}: \
+                     mark {} carried over",
+                    c.route, c.from, c.to, c.mark
+                ),
+            )?;
+        }
+        for d in &self.retired {
+            line(
+                f,
+                format!(
+                    "marks: resource {:?} (mark {}) retired, as [marks] retired says: {}",
+                    d.resource, d.mark, d.why
+                ),
+            )?;
+        }
+        if !self.unprotected.is_empty() {
+            line(f, format!("error: {}", explain(&self.unprotected)))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(routes: &str) -> Config {
+        let text = format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n[marks]\nstore = \"memory\"\n[[upstream]]\nname = \"legacy\"\nurl = \
+             \"http://127.0.0.1:9\"\n{routes}"
+        );
+        Config::parse(&text, std::path::Path::new("t.toml")).unwrap()
+    }
+
+    const WH7: &str = r#"
+[[route]]
+name = "wh7"
+upstream = "legacy"
+path_prefix = "/warehouses/7"
+resource = "warehouse-7"
+"#;
+    const CATCH_ALL: &str = r#"
+[[route]]
+name = "all"
+upstream = "legacy"
+path_prefix = "/"
+guard = false
+"#;
+
+    fn marks(r: &str) -> u64 {
+        match r {
+            "warehouse-7" => 110,
+            _ => 0,
+        }
+    }
+
+    #[test]
+    fn a_renamed_resource_gets_the_old_mark_carried_over() {
+        let old = config(WH7);
+        let new = config(&WH7.replace("\"warehouse-7\"", "\"wh/7\""));
+        let p = plan(&old, &new, marks);
+        assert!(p.unprotected.is_empty(), "{p}");
+        assert_eq!(
+            p.carried,
+            [Carried {
+                route: "wh7".into(),
+                from: "warehouse-7".into(),
+                to: "wh/7".into(),
+                mark: 110
+            }]
+        );
+        // Route and resource renamed together: the requests still reach a guarded route.
+        let both = config(
+            &WH7.replace("\"warehouse-7\"", "\"wh/7\"")
+                .replace("\"wh7\"", "\"w-7\""),
+        );
+        assert_eq!(plan(&old, &both, marks).carried[0].to, "wh/7");
+    }
+
+    #[test]
+    fn requests_that_would_reach_an_unguarded_route_refuse_the_change() {
+        let old = config(&format!("{WH7}{CATCH_ALL}"));
+        for new in [
+            config(CATCH_ALL),
+            config(&format!(
+                "{}{CATCH_ALL}",
+                WH7.replace("/warehouses/7", "/wh/7")
+            )),
+            config(&format!(
+                "{}{CATCH_ALL}",
+                WH7.replace("resource", "methods = [\"POST\"]\nresource")
+            )),
+        ] {
+            let p = plan(&old, &new, marks);
+            assert_eq!(p.unprotected.len(), 1, "{p}");
+            assert!(
+                p.unprotected[0].why.contains("unguarded route \"all\""),
+                "{p}"
+            );
+            assert!(p.to_string().contains("mark 110"), "{p}");
+        }
+        // Retired: the operator's word.
+        let retired = config(CATCH_ALL).tap_retired("warehouse-7");
+        let p = plan(&old, &retired, marks);
+        assert!(p.unprotected.is_empty() && p.retired.len() == 1, "{p}");
+    }
+
+    #[test]
+    fn removing_a_route_whose_requests_then_find_no_route_loses_nothing() {
+        let old = config(WH7);
+        let p = plan(&old, &config(""), marks);
+        assert_eq!(p, Plan::default());
+        // A resource without a mark has nothing to lose.
+        let p = plan(
+            &config(&format!("{WH7}{CATCH_ALL}")),
+            &config(CATCH_ALL),
+            |_| 0,
+        );
+        assert_eq!(p, Plan::default());
+    }
+
+    trait Retire {
+        fn tap_retired(self, r: &str) -> Self;
+    }
+    impl Retire for Config {
+        fn tap_retired(mut self, r: &str) -> Self {
+            self.retired.push(r.to_owned());
+            self
+        }
+    }
+}
