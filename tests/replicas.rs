@@ -980,6 +980,13 @@ async fn during_an_etcd_outage_a_refusal_says_the_confirmation_failed_and_carrie
     // A higher token: the confirmation fails first, and says so too.
     let higher = post(&url, Some("52")).await.json();
     assert_eq!(higher["mark"], 51, "{higher}");
+    assert!(
+        higher["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not confirm the mark"),
+        "{higher}"
+    );
     etcd.restart().await;
 }
 
@@ -1055,10 +1062,10 @@ async fn palisade_marks_lists_and_repairs_marks_in_etcd_with_an_audit_record() {
     assert!(out.contains("stock: corrupt (7 bytes) -> 40"), "{out}");
     assert!(out.contains("no route"), "stock is not guarded: {out}");
 
-    // The audit trail: one record per change, beside the marks (never read as a mark).
+    // The audit trail: one record per change, never under a marks prefix (never read as a mark).
     let audit = c
         .get(
-            "/cli/marks.audit/",
+            "/palisade-audit/cli/marks/",
             Some(etcd_client::GetOptions::new().with_prefix()),
         )
         .await

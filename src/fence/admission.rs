@@ -38,6 +38,9 @@ pub struct Resource {
     drain: Drain,
     confirm: Arc<Coalescer>,
     metrics: MarkMetrics,
+    /// Resources a reload carried this one's mark over to: every advance of this one raises
+    /// them too before it admits (see [`Admission::carry`]).
+    carried_to: std::sync::Mutex<Vec<Arc<Resource>>>,
 }
 
 impl Resource {
@@ -65,6 +68,7 @@ impl Resource {
             drain: Drain::new(initial),
             confirm: Arc::default(),
             metrics,
+            carried_to: std::sync::Mutex::default(),
         })
     }
 }

@@ -10,9 +10,12 @@
 //! |---|---|---|
 //! | `/warehouses/1` | `/warehouses/1`, `/warehouses/1/`, `/warehouses/1/stock`, `/warehouses/1.json` | `/warehouses/12`, `/warehouses/1-old`, `/warehouses/1.json/x` |
 //! | `/warehouses/1/` | `/warehouses/1/`, `/warehouses/1/stock` | `/warehouses/1`, `/warehouses/12` |
+//! | `/orders.v1.` | `/orders.v1.Orders/Create` (a prefix ending in a separator) | `/orders.v2.Orders/Create` |
 //! | `/` | every path | |
 //!
-//! Matching is on the normal-form path, byte for byte (no case folding).
+//! A prefix that ends in anything but a letter or digit (`/`, `.`, `-`, `_`, ...) already
+//! ends at a boundary its author chose, and matches every path that starts with it (gRPC
+//! package prefixes). Matching is on the normal-form path, byte for byte (no case folding).
 
 /// A route's path prefix, matched at segment boundaries (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -46,8 +49,12 @@ pub fn matches(prefix: &str, path: &str) -> bool {
     let Some(rest) = path.strip_prefix(prefix) else {
         return false;
     };
-    // A prefix that ends a segment itself (`/`, `/orders/`) can only stop at a boundary.
-    prefix.ends_with('/')
+    // A prefix that ends in a separator (`/`, `/orders/`, `/orders.v1.`) stops at a
+    // boundary its author chose.
+    prefix
+        .as_bytes()
+        .last()
+        .is_none_or(|b| !b.is_ascii_alphanumeric())
         || rest.is_empty()
         || rest.starts_with('/')
         || (rest.starts_with('.') && !rest.contains('/'))
@@ -68,6 +75,8 @@ mod tests {
             ("/warehouses/1/", "/warehouses/1/"),
             ("/", "/anything/at/all"),
             ("/", "/"),
+            ("/orders.v1.", "/orders.v1.Orders/Create"),
+            ("/api/v1-", "/api/v1-export"),
         ];
         for (p, path) in yes {
             assert!(matches(p, path), "{p} should match {path}");

@@ -91,8 +91,14 @@ impl Admin {
             Ok(n) if !n.is_empty() => n.into_owned(),
             _ => return text(StatusCode::BAD_REQUEST, "expected /marks/<resource name>\n"),
         };
+        // Guarded: a route in force checks it (the admission also keeps resources of routes
+        // that a reload removed or retired, which no request reaches any more).
+        let guarded = self
+            .reloader
+            .as_ref()
+            .is_none_or(|r| r.proxy().guards(&name));
         let (mark, guarded) = match self.admission.resource(&name) {
-            Some(r) => (r.mark(), true),
+            Some(r) => (r.mark(), guarded),
             None => match self.admission.stored_mark(&name).await {
                 Ok(m) => (m, false),
                 Err(e) => {

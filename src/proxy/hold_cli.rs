@@ -29,7 +29,8 @@
 //!   palisade dies, `kill -9` and the OOM killer included.
 //! - With `--recampaign`, a loss is not the end: once CMD is stopped, palisade starts a new
 //!   session (waiting for etcd to come back, with backoff), campaigns (or locks) again and
-//!   runs CMD again under the new token. SIGINT or SIGTERM ends it.
+//!   runs CMD again under the new token. SIGINT or SIGTERM ends it; SIGHUP, SIGUSR1 and
+//!   SIGUSR2 that come while no CMD runs are ignored (a log rotation must not end a standby).
 //!
 //! The fencing token is what keeps the resource safe; the SIGTERM only stops a job that can
 //! no longer write anyway, and it can come late (palisade itself frozen, for example).
@@ -215,7 +216,7 @@ async fn hold_and_run(hold: Hold) -> u8 {
         );
         tokio::select! {
             () = tokio::time::sleep(again) => {}
-            sig = signals.recv() => return signals::exit_code(sig),
+            sig = signals.stop(args.recampaign) => return signals::exit_code(sig),
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
@@ -240,7 +241,7 @@ async fn hold_once(args: &HoldArgs, value: Option<&str>, signals: &mut Signals) 
                 return Round::Failed(EXIT_FAILED);
             }
         },
-        sig = signals.recv() => return Round::Done(signals::exit_code(sig)),
+        sig = signals.stop(args.recampaign) => return Round::Done(signals::exit_code(sig)),
     };
     let acquire = async {
         match value {
@@ -260,7 +261,7 @@ async fn hold_once(args: &HoldArgs, value: Option<&str>, signals: &mut Signals) 
                 return Round::Failed(EXIT_FAILED);
             }
         },
-        sig = signals.recv() => {
+        sig = signals.stop(args.recampaign) => {
             // The acquisition future is dropped; closing revokes the lease, which deletes
             // the entry whatever state the acquisition was in.
             let _ = session.close().await;
@@ -318,12 +319,13 @@ fn default_value() -> String {
 
 /// Starts the watchdog: `palisade __watchdog` in a process group of its own, reading a pipe
 /// that closes when this process dies (see [`watchdog`]).
-fn start_watchdog() -> std::io::Result<(Child, tokio::process::ChildStdin, i32)> {
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
+async fn start_watchdog() -> std::io::Result<(Child, tokio::process::ChildStdin, i32)> {
+    use tokio::io::AsyncReadExt;
+    // /proc/self/exe: this very binary, even when the file was replaced by an upgrade since.
+    let mut child = Command::new("/proc/self/exe")
         .arg(watchdog::SUBCOMMAND)
         .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
         .process_group(0)
         .spawn()?;
     let pipe = child
@@ -334,7 +336,19 @@ fn start_watchdog() -> std::io::Result<(Child, tokio::process::ChildStdin, i32)>
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .ok_or_else(|| std::io::Error::other("the watchdog exited at once"))?;
-    Ok((child, pipe, group))
+    // Until it says READY, a forwarded signal would kill it: CMD waits for that.
+    let mut ready = [0u8; 1];
+    let mut out = child
+        .stdout
+        .take()
+        .ok_or_else(|| std::io::Error::other("the watchdog has no stdout pipe"))?;
+    match tokio::time::timeout(Duration::from_secs(10), out.read(&mut ready)).await {
+        Ok(Ok(1)) if ready[0] == watchdog::READY => Ok((child, pipe, group)),
+        _ => {
+            let _ = child.kill().await;
+            Err(std::io::Error::other("the watchdog did not start"))
+        }
+    }
 }
 
 /// Starts CMD and waits for it, forwarding signals and stopping it after a loss.
@@ -355,7 +369,7 @@ async fn supervise(
         );
         return Round::Lost(EXIT_FAILED);
     }
-    let (mut watchdog, pipe, group) = match start_watchdog() {
+    let (mut watchdog, pipe, group) = match start_watchdog().await {
         Ok(w) => w,
         Err(e) => {
             eprintln!("palisade: cannot start the watchdog process: {e}");
@@ -394,11 +408,11 @@ async fn supervise(
     let mut lost = held.loss_signal();
     let mut is_lost = false;
     let mut stop_asked = false;
-    let mut watchdog_alive = true;
     let kill_at = tokio::time::sleep(Duration::MAX);
     tokio::pin!(kill_at);
-    // The group's id is the watchdog's pid, and the watchdog lives until `end_group`: the
-    // kernel cannot give the id to another process while it is signalled here.
+    // The group's id is the watchdog's pid, and the watchdog is reaped only in `end_group`,
+    // after the last signal to the group: until then (alive, or dead but not reaped) its pid
+    // is taken, so the kernel cannot give the group's id to another process.
     let status = loop {
         tokio::select! {
             biased;
@@ -420,14 +434,6 @@ async fn supervise(
                 tracing::warn!(name = %args.name, "the command outlived the grace: SIGKILL");
                 signal_group(group, Signal::KILL);
                 kill_at.as_mut().reset(tokio::time::Instant::now() + Duration::from_secs(3600));
-            }
-            w = watchdog.wait(), if watchdog_alive => {
-                watchdog_alive = false;
-                tracing::warn!(
-                    name = %args.name, status = ?w,
-                    "the watchdog process exited: the command is still supervised, but would \
-                     outlive palisade if palisade died now"
-                );
             }
         }
     };

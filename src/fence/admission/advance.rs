@@ -20,7 +20,7 @@ pub(super) async fn advance(
     token: FencingToken,
     drain_timeout: Duration,
 ) -> Result<Option<(Admitted, Ticket)>, Refused> {
-    let _serialized = res.advancing.lock().await;
+    let serialized = res.advancing.lock().await;
     // Another advance may have won while this one waited for the lock.
     let from = match res.mark.check(token) {
         Verdict::Admit => return Ok(None),
@@ -63,6 +63,30 @@ pub(super) async fn advance(
     res.metrics.mark.set(now as i64);
     res.metrics.advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced");
+    // The resources a reload carried this mark over to take this token too, before the
+    // request is admitted: a request routed by the old table must not let a zombie in through
+    // the new one. Without this resource's lock (no lock order to get wrong; a raise that
+    // finds the token already there stops).
+    drop(serialized);
+    let carried: Vec<Arc<Resource>> = res
+        .carried_to
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for to in carried {
+        let raised = Box::pin(advance(
+            to,
+            Arc::clone(&store),
+            metrics.clone(),
+            token,
+            Duration::ZERO,
+        ))
+        .await;
+        match raised {
+            Ok(_) | Err(Refused::Stale { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
     let drained = res.drain.finish(&ticket, &old, drain_timeout).await;
     res.metrics
         .drain_duration

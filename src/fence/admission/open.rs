@@ -136,4 +136,59 @@ impl Admission {
             self.store.confirm(name).await
         }
     }
+
+    /// Carries the mark of `from` over to `to` for a reload whose routes send `from`'s
+    /// requests to `to`: `to` is raised to `from`'s mark now, and every later advance of
+    /// `from` (a request the old routes admitted) raises `to` as well before it is admitted,
+    /// so the two cannot diverge while requests routed by the old table finish. Returns
+    /// `to`'s mark afterwards.
+    ///
+    /// # Errors
+    /// [`Refused::Unavailable`] when `to` could not be loaded or raised.
+    pub async fn carry(&self, from: &str, to: &str) -> Result<u64, Refused> {
+        let Some(source) = self.resource(from) else {
+            return Ok(0);
+        };
+        let target = self
+            .resource_or_open(to)
+            .await
+            .map_err(|e| Refused::Unavailable {
+                token: FencingToken::new(source.mark().max(1)).expect("not 0"),
+                step: StoreStep::Load,
+                source: e,
+            })?;
+        let mark = {
+            // With the advance lock: an advance of `from` in progress finishes first (its
+            // mark is read below); any later one sees the link.
+            let _serialized = source.advancing.lock().await;
+            let mut links = source.carried_to.lock().unwrap_or_else(|e| e.into_inner());
+            if !links.iter().any(|l| Arc::ptr_eq(l, &target)) {
+                links.push(Arc::clone(&target));
+            }
+            source.mark()
+        };
+        // A shared store may hold a higher mark than this replica has seen yet.
+        let stored = if self.store.consistency() == Consistency::Local {
+            0
+        } else {
+            self.stored_mark(from)
+                .await
+                .map_err(|e| Refused::Unavailable {
+                    token: FencingToken::new(mark.max(1)).expect("not 0"),
+                    step: StoreStep::Confirm,
+                    source: e,
+                })?
+        };
+        self.raise(to, mark.max(stored)).await
+    }
+
+    /// Forgets every carry-over link of earlier reloads (a reload sets its own).
+    pub fn clear_carries(&self) {
+        for r in read(&self.resources).values() {
+            r.carried_to
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clear();
+        }
+    }
 }

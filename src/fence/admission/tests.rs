@@ -151,3 +151,36 @@ async fn open_resources_loads_new_marks_and_never_replaces_a_known_resource() {
         .is_empty());
     assert_eq!(adm.resource("fresh").unwrap().mark(), 100);
 }
+
+#[tokio::test]
+async fn a_carried_mark_follows_every_later_advance_of_its_source() {
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let store = Arc::new(MemoryStore::with_marks(
+        [("warehouse-7".to_owned(), 110)].into(),
+    ));
+    let adm = Admission::open(store.clone(), ["warehouse-7"], &metrics)
+        .await
+        .unwrap();
+    assert_eq!(adm.carry("warehouse-7", "wh/7").await.unwrap(), 110);
+    let old = adm.resource("warehouse-7").unwrap();
+    let new = adm.resource("wh/7").unwrap();
+    // A request routed by the old table advances the old resource after the carry: the new
+    // one is raised before that request is admitted.
+    adm.admit(&old, t(120), D).await.unwrap();
+    assert_eq!(new.mark(), 120);
+    assert_eq!(store.load().await.unwrap().get("wh/7"), Some(&120));
+    assert!(matches!(
+        adm.admit(&new, t(115), D).await,
+        Err(Refused::Stale { mark: 120, .. })
+    ));
+    // Links back and forth (names swapped by two reloads) do not deadlock or loop.
+    adm.carry("wh/7", "warehouse-7").await.unwrap();
+    adm.admit(&new, t(130), D).await.unwrap();
+    assert_eq!(old.mark(), 130);
+    adm.admit(&old, t(140), D).await.unwrap();
+    assert_eq!(new.mark(), 140);
+    // A reload clears earlier links.
+    adm.clear_carries();
+    adm.admit(&old, t(150), D).await.unwrap();
+    assert_eq!(new.mark(), 140);
+}

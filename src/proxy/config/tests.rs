@@ -187,3 +187,36 @@ fn access_log_is_off_by_default_and_validated() {
     let (line, col, key, _) = err(&on("path = \"\""));
     assert_eq!((line, col, key.as_str()), (16, 8, "access_log.path"));
 }
+
+#[test]
+fn websocket_tunnels_that_bypass_a_guard_are_refused() {
+    let guarded_ws = |extra: &str| {
+        format!(
+            "{BASE}[[route]]\nname = \"chat\"\nupstream = \"twin\"\npath_prefix = \"/chat\"\nwebsocket = true\n{extra}\n\
+             [[upstream]]\nname = \"twin\"\nurl = \"http://LOCALHOST.invalid:9000\"\n"
+        )
+        .replace("url = \"http://127.0.0.1:9000\"", "url = \"http://localhost.invalid\"")
+    };
+    // Same address (case and default port aside): a tunnel of another resource, a tokenless
+    // one, and an unguarded one all reach "orders" unchecked.
+    for (extra, how) in [
+        ("resource = \"chat\"", "route of another resource"),
+        (
+            "resource = \"orders\"\nmissing_token = \"allow\"",
+            "missing_token = \"allow\"",
+        ),
+        ("guard = false", "unguarded route"),
+    ] {
+        let text = guarded_ws(extra).replace(":9000\"\n", ":80\"\n");
+        let e = Config::parse(&text, Path::new("p.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("route[1].websocket") && e.contains(how),
+            "{extra}: {e}"
+        );
+    }
+    // Guarded by the same resource, with a token required: fine.
+    let text = guarded_ws("resource = \"orders\"").replace(":9000\"\n", ":80\"\n");
+    Config::parse(&text, Path::new("p.toml")).unwrap();
+}

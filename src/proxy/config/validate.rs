@@ -47,6 +47,8 @@ impl Validator<'_> {
         let mut routes: Vec<RouteSettings> = Vec::with_capacity(raw.route.len());
         let mut names = HashSet::new();
         let mut spans = Vec::with_capacity(raw.route.len());
+        // The file's index of each valid route, for messages.
+        let mut indices = Vec::with_capacity(raw.route.len());
         for (i, r) in raw.route.into_iter().enumerate() {
             let span = r.name.span().start;
             if let Some(Some(route)) = keep(
@@ -54,6 +56,7 @@ impl Validator<'_> {
                 self.route(i, r, &upstreams, &broken, &mut names),
             ) {
                 spans.push(span);
+                indices.push(i);
                 routes.push(route);
             }
         }
@@ -64,12 +67,13 @@ impl Validator<'_> {
             if let Some(guarded) = tunnel_around(&routes, &upstreams, i) {
                 errors.push(self.error(
                     spans[i],
-                    format!("route[{i}].websocket"),
+                    format!("route[{}].websocket", indices[i]),
                     format_args!(
-                        "{}; guard this route (the upgrade then needs a current token), give \
-                         it an upstream that serves no guarded route, or set \
-                         allow_unguarded_tunnel = true to accept the risk",
-                        tunnel_risk(&r.name, &guarded)
+                        "{}; guard this route with their resource and missing_token = \
+                         \"reject\" (the upgrade then needs a current token), give it an \
+                         upstream that serves no guarded route, or set allow_unguarded_tunnel = \
+                         true to accept the risk",
+                        tunnel_risk(r, &guarded)
                     ),
                 ));
             }
@@ -374,40 +378,61 @@ fn keep<T>(errors: &mut Vec<ConfigError>, r: Result<T, ConfigError>) -> Option<T
     r.map_err(|e| errors.push(e)).ok()
 }
 
-/// The guarded routes that route `i`'s WebSocket tunnels could reach unchecked: `i` is an
-/// unguarded `websocket` route and they send to one of its upstream's addresses. `None` when
-/// there are none.
+/// The guarded routes that route `i`'s WebSocket tunnels could reach unchecked: `i` allows
+/// upgrades without a current token of theirs (unguarded, `missing_token = "allow"`, or
+/// guarded by another resource) and they send to one of its upstream's addresses. `None`
+/// when there are none.
 pub(super) fn tunnel_around(
     routes: &[RouteSettings],
     upstreams: &[UpstreamSettings],
     i: usize,
 ) -> Option<Vec<String>> {
     let r = &routes[i];
-    if !r.websocket || r.guard {
+    if !r.websocket {
         return None;
     }
-    let ours = &upstreams[r.upstream].addresses;
+    let open = !r.guard || r.missing_token == crate::guard::MissingToken::Allow;
+    let of = |u: &UpstreamSettings| -> Vec<(String, u16)> {
+        let default = if u.scheme == http::uri::Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        u.addresses
+            .iter()
+            .map(|a| {
+                (
+                    a.host().to_ascii_lowercase(),
+                    a.port_u16().unwrap_or(default),
+                )
+            })
+            .collect()
+    };
+    let ours = of(&upstreams[r.upstream]);
     let guarded: Vec<String> = routes
         .iter()
-        .filter(|g| {
-            g.guard
-                && upstreams[g.upstream]
-                    .addresses
-                    .iter()
-                    .any(|a| ours.contains(a))
-        })
+        .filter(|g| !std::ptr::eq(*g, r) && g.guard && (open || g.resource != r.resource))
+        .filter(|g| of(&upstreams[g.upstream]).iter().any(|a| ours.contains(a)))
         .map(|g| g.name.clone())
         .collect();
     (!guarded.is_empty()).then_some(guarded)
 }
 
-/// Why an unguarded WebSocket route next to guarded ones is a hole, in words.
-pub(super) fn tunnel_risk(route: &str, guarded: &[String]) -> String {
+/// Why a WebSocket route next to guarded ones is a hole, in words.
+pub(super) fn tunnel_risk(route: &RouteSettings, guarded: &[String]) -> String {
+    let how = if !route.guard {
+        "unguarded route"
+    } else if route.missing_token == crate::guard::MissingToken::Allow {
+        "route with missing_token = \"allow\""
+    } else {
+        "route of another resource"
+    };
     format!(
-        "unguarded route {route:?} allows WebSocket upgrades to an upstream that also serves \
-         guarded routes ({}): once the upstream answers 101 the connection is a raw tunnel \
-         palisade no longer reads, so a stale owner can send guarded writes through it to an \
-         upstream that keeps parsing HTTP on it",
+        "{how} {:?} allows WebSocket upgrades to an upstream that also serves guarded routes \
+         ({}): once the upstream answers 101 the connection is a raw tunnel palisade no longer \
+         reads, so a stale owner can send their writes through it to an upstream that keeps \
+         parsing HTTP on it",
+        route.name,
         guarded
             .iter()
             .map(|g| format!("{g:?}"))

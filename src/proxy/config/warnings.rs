@@ -15,10 +15,19 @@ impl PathMatch {
         }
     }
 
-    /// Whether every path `other` matches is matched by `self` too.
+    /// Whether every path `other` matches is matched by `self` too (conservative: `false`
+    /// when in doubt).
     pub fn covers(&self, other: &PathMatch) -> bool {
         match (self, other) {
-            (PathMatch::Prefix(p), o) => crate::fence::path_prefix::matches(p, o.text()),
+            (PathMatch::Prefix(p), o) => {
+                let t = o.text();
+                // `other`'s whole space, its spellings included, lies below `p`.
+                let plain = p
+                    .as_bytes()
+                    .last()
+                    .is_none_or(|b| !b.is_ascii_alphanumeric());
+                t == p || (plain && t.starts_with(p.as_str())) || t.starts_with(&format!("{p}/"))
+            }
             (PathMatch::Exact(a), PathMatch::Exact(b)) => a == b,
             (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
         }
@@ -28,7 +37,11 @@ impl PathMatch {
     pub fn describe(&self) -> String {
         match self {
             PathMatch::Exact(p) => format!("path {p:?}: also {p}/ and {p}.<format>"),
-            PathMatch::Prefix(p) if p.ends_with('/') => {
+            PathMatch::Prefix(p)
+                if p.as_bytes()
+                    .last()
+                    .is_none_or(|b| !b.is_ascii_alphanumeric()) =>
+            {
                 format!("path_prefix {p:?}: every path starting with {p}")
             }
             PathMatch::Prefix(p) => format!(
@@ -97,7 +110,7 @@ impl Validator<'_> {
                     i,
                     format!(
                         "{} (allow_unguarded_tunnel = true accepts this)",
-                        super::validate::tunnel_risk(&r.name, &guarded)
+                        super::validate::tunnel_risk(r, &guarded)
                     ),
                 ));
             }

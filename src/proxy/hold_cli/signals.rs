@@ -42,6 +42,21 @@ impl Signals {
     }
 }
 
+impl Signals {
+    /// The next signal that ends a wait with no CMD running: any of them, or with
+    /// `only_stop` only SIGINT and SIGTERM (the others have no CMD to go to, and a
+    /// `--recampaign` standby outlives them).
+    pub(super) async fn stop(&mut self, only_stop: bool) -> Signal {
+        loop {
+            let sig = self.recv().await;
+            if !only_stop || sig == Signal::INT || sig == Signal::TERM {
+                return sig;
+            }
+            tracing::debug!(?sig, "no command running: signal ignored");
+        }
+    }
+}
+
 /// `kill(-group, sig)`.
 pub(super) fn kill_group(group: i32, sig: Signal) -> std::io::Result<()> {
     let pid = Pid::from_raw(group)

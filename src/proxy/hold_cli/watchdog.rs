@@ -14,7 +14,7 @@
 //! `KillMode=mixed` (deploy/systemd/) also ends every process of the unit when palisade goes.
 //! A `kill -9` of the watchdog alone leaves the job supervised by palisade (which logs it).
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::process::ExitCode;
 
 use rustix::process::{getpgrp, kill_process_group, Signal};
@@ -25,6 +25,8 @@ pub const SUBCOMMAND: &str = "__watchdog";
 /// What palisade writes to the pipe when it ends the group itself (the watchdog then exits
 /// quietly).
 pub(super) const DONE: u8 = b'd';
+/// What the watchdog writes on its stdout once it survives the signals palisade forwards.
+pub(super) const READY: u8 = b'r';
 
 /// `palisade __watchdog`: waits for palisade to go, then kills its own process group.
 pub fn run() -> ExitCode {
@@ -34,16 +36,26 @@ pub fn run() -> ExitCode {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .build();
-    let _ignored = rt.as_ref().ok().map(|rt| {
+    let ignored = rt.as_ref().ok().map(|rt| {
         let _entered = rt.enter();
         super::signals::Signals::new()
     });
+    if !matches!(ignored, Some(Ok(_))) {
+        // palisade sees no READY and does not start the command.
+        return ExitCode::FAILURE;
+    }
+    // Tell palisade the signals are taken care of: only now may it start CMD in this group.
+    let _ = std::io::stdout().write_all(&[READY]);
+    let _ = std::io::stdout().flush();
     let mut byte = [0u8; 1];
     let read = std::io::stdin().lock().read(&mut byte);
     if matches!(read, Ok(1)) && byte[0] == DONE {
         return ExitCode::SUCCESS;
     }
-    eprintln!(
+    // Never `eprintln!`: palisade's stderr may be a pipe whose reader died with it, and a
+    // panic here would leave the job running.
+    let _ = writeln!(
+        std::io::stderr(),
         "palisade: the supervisor of this lock's command is gone; killing the command's \
          process group"
     );

@@ -21,7 +21,7 @@
 //! read (values that are not 8-byte marks, such as one written by `etcdctl put`, which drops
 //! NUL bytes, are shown as corrupt), and `set` writes the mark and its audit record (the same
 //! JSON as the file store's audit line) in one etcd transaction, under
-//! `<prefix>.audit/` beside the marks (`etcdctl get --prefix /palisade/marks.audit/` reads
+//! `/palisade-audit<prefix>` (`etcdctl get --prefix /palisade-audit/palisade/marks/` reads
 //! the trail), and logs it at `warn`. Replicas keep running: a raised mark reaches them
 //! through their watch at once, but a lowered one only when each replica restarts (a
 //! running proxy never lowers a mark it knows), which `set` says.

@@ -106,6 +106,13 @@ impl Proxy {
         (proxy, carried)
     }
 
+    /// Whether a route of this configuration guards `resource`.
+    pub fn guards(&self, resource: &str) -> bool {
+        self.routes
+            .iter()
+            .any(|r| r.resource.as_ref().is_some_and(|x| x.name() == resource))
+    }
+
     /// The access log this configuration writes to, if any.
     pub fn access_log(&self) -> Option<&Arc<AccessLog>> {
         self.access_log.as_ref()

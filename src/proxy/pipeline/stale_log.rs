@@ -23,14 +23,24 @@ pub(super) struct StaleLog {
 
 #[derive(Debug)]
 struct State {
-    /// (resource, token) -> refusals not yet written out, and the route that saw the last.
-    pairs: HashMap<(String, u64), Pending>,
+    /// resource -> token -> refusals not yet written out (looked up without allocating).
+    pairs: HashMap<String, HashMap<u64, Pending>>,
+    count: usize,
     last_summary: Instant,
 }
 
 #[derive(Debug)]
 struct Pending {
     route: String,
+    mark: u64,
+    repeated: u64,
+}
+
+/// One summary line, written after the lock is released.
+struct Summary {
+    route: String,
+    resource: String,
+    token: u64,
     mark: u64,
     repeated: u64,
 }
@@ -42,6 +52,7 @@ impl StaleLog {
         let log = Arc::new(StaleLog {
             state: Mutex::new(State {
                 pairs: HashMap::new(),
+                count: 0,
                 last_summary: Instant::now(),
             }),
         });
@@ -63,32 +74,41 @@ impl StaleLog {
     /// Records a stale refusal of `token` on `resource`; `true` when it is the first of that
     /// pair (or the first since its last quiet interval) and should be logged whole.
     pub(super) fn first(&self, route: &str, resource: &str, token: u64, mark: u64) -> bool {
-        let first = {
+        let (first, due) = {
             let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if s.pairs.len() >= MAX_PAIRS && !s.pairs.contains_key(&(resource.to_owned(), token)) {
-                drain(&mut s, true);
-            }
-            match s.pairs.get_mut(&(resource.to_owned(), token)) {
+            let known = s
+                .pairs
+                .get_mut(resource)
+                .and_then(|per| per.get_mut(&token));
+            let first = match known {
                 Some(p) => {
                     p.repeated += 1;
                     p.mark = mark;
-                    route.clone_into(&mut p.route);
+                    if p.route != route {
+                        route.clone_into(&mut p.route);
+                    }
                     false
                 }
                 None => {
-                    s.pairs.insert(
-                        (resource.to_owned(), token),
-                        Pending {
-                            route: route.to_owned(),
-                            mark,
-                            repeated: 0,
-                        },
-                    );
+                    let pending = Pending {
+                        route: route.to_owned(),
+                        mark,
+                        repeated: 0,
+                    };
+                    s.pairs
+                        .entry(resource.to_owned())
+                        .or_default()
+                        .insert(token, pending);
+                    s.count += 1;
                     true
                 }
-            }
+            };
+            let full = s.count > MAX_PAIRS;
+            let due =
+                (full || s.last_summary.elapsed() >= SUMMARY_INTERVAL).then(|| take(&mut s, full));
+            (first, due)
         };
-        self.summarize(false);
+        write(due.unwrap_or_default());
         first
     }
 
@@ -96,40 +116,62 @@ impl StaleLog {
     /// refused again; pairs that stayed quiet are forgotten, so their next refusal is logged
     /// whole again.
     fn summarize(&self, now: bool) {
-        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if now || s.last_summary.elapsed() >= SUMMARY_INTERVAL {
-            drain(&mut s, false);
-        }
+        let due = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            (now || s.last_summary.elapsed() >= SUMMARY_INTERVAL).then(|| take(&mut s, false))
+        };
+        write(due.unwrap_or_default());
     }
 }
 
 impl Drop for StaleLog {
     fn drop(&mut self) {
         let s = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        drain(s, true);
+        write(take(s, true));
     }
 }
 
-fn drain(s: &mut State, forget_all: bool) {
+/// The repeats to write out; resets their counts and forgets quiet pairs (or all of them).
+fn take(s: &mut State, forget_all: bool) -> (Vec<Summary>, std::time::Duration) {
     let since = s.last_summary.elapsed();
-    s.pairs.retain(|(resource, token), p| {
-        if p.repeated == 0 {
-            return false;
-        }
+    let mut out = Vec::new();
+    let mut count = 0;
+    s.pairs.retain(|resource, per| {
+        per.retain(|token, p| {
+            if p.repeated == 0 {
+                return false;
+            }
+            out.push(Summary {
+                route: p.route.clone(),
+                resource: resource.clone(),
+                token: *token,
+                mark: p.mark,
+                repeated: p.repeated,
+            });
+            p.repeated = 0;
+            !forget_all
+        });
+        count += per.len();
+        !per.is_empty()
+    });
+    s.count = count;
+    s.last_summary = Instant::now();
+    (out, since)
+}
+
+fn write((lines, since): (Vec<Summary>, std::time::Duration)) {
+    for l in lines {
         tracing::info!(
-            route = %p.route,
-            resource = %resource,
-            token,
-            mark = p.mark,
-            repeated = p.repeated,
+            route = %l.route,
+            resource = %l.resource,
+            token = l.token,
+            mark = l.mark,
+            repeated = l.repeated,
             seconds = since.as_secs(),
             "stale token refused again (repeats of one owner are summed up here; the access \
              log has every request)"
         );
-        p.repeated = 0;
-        !forget_all
-    });
-    s.last_summary = Instant::now();
+    }
 }
 
 #[cfg(test)]

@@ -219,18 +219,6 @@ impl Reloader {
                     .map(|r| r.resource.as_str()),
             )
             .await?;
-        // Before the new routes serve: the renamed resource starts from the old mark.
-        for c in &plan.carried {
-            i.admission
-                .raise(&c.to, c.mark)
-                .await
-                .map_err(|source| ReloadError::Carry {
-                    from: c.from.clone(),
-                    to: c.to.clone(),
-                    mark: c.mark,
-                    source,
-                })?;
-        }
         let previous = i.current.load_full();
         let access_log = match &next.access_log {
             None => None,
@@ -239,6 +227,22 @@ impl Reloader {
                 None => Some(i.access_logs.open(s)?),
             },
         };
+        // Last of the steps that can fail, and before the new routes serve: the resources
+        // that take over a guarded route's requests start from its mark, and stay linked to
+        // it while requests routed by the old table finish. Raised marks are not lowered if
+        // a later raise fails (a higher mark only refuses more).
+        i.admission.clear_carries();
+        for c in &plan.carried {
+            i.admission
+                .carry(&c.from, &c.to)
+                .await
+                .map_err(|source| ReloadError::Carry {
+                    from: c.from.clone(),
+                    to: c.to.clone(),
+                    mark: c.mark,
+                    source,
+                })?;
+        }
         let (proxy, carried) = Proxy::build(
             &next,
             Arc::clone(&i.admission),

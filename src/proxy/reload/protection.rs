@@ -25,7 +25,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::{pick, Config, PathMatch, Pick, RouteSettings};
+use crate::config::{pick, Config, MissingToken, PathMatch, Pick, RouteSettings};
 
 /// A mark carried over to the resource that now takes a guarded route's requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,15 +66,25 @@ pub struct Plan {
 
 /// Methods tried for a route that takes every method: the common ones, and one no route is
 /// likely to list.
-const METHODS: [&str; 8] = [
-    "GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE", "PROPFIND",
+const METHODS: [&str; 9] = [
+    "GET",
+    "HEAD",
+    "OPTIONS",
+    "POST",
+    "PUT",
+    "PATCH",
+    "DELETE",
+    "PROPFIND",
+    "PALISADE-PROBE",
 ];
 /// A path segment and a host no configuration names.
 const PROBE_SEGMENT: &str = "palisade-probe";
 const PROBE_HOST: &str = "palisade-probe.invalid";
 
-/// The requests that stand for everything route `r` takes: (method, host, path key).
-fn probes(r: &RouteSettings, next: &Config) -> Vec<(String, String, String)> {
+/// The requests that stand for everything route `r` takes: (method, host, path key). The
+/// caller keeps those the running table really gives to `r`.
+fn probes(r: &RouteSettings, running: &Config, next: &Config) -> Vec<(String, String, String)> {
+    let all = || running.routes.iter().chain(&next.routes);
     let base = match &r.path {
         PathMatch::Exact(p) | PathMatch::Prefix(p) => p.clone(),
     };
@@ -84,7 +94,7 @@ fn probes(r: &RouteSettings, next: &Config) -> Vec<(String, String, String)> {
     paths.insert(format!("{trimmed}/"));
     paths.insert(format!("{trimmed}.json"));
     paths.insert(format!("{trimmed}/{PROBE_SEGMENT}"));
-    for n in &next.routes {
+    for n in all() {
         let p = match &n.path {
             PathMatch::Exact(p) | PathMatch::Prefix(p) => p,
         };
@@ -97,18 +107,12 @@ fn probes(r: &RouteSettings, next: &Config) -> Vec<(String, String, String)> {
         None => METHODS
             .iter()
             .map(|m| (*m).to_owned())
-            .chain(
-                next.routes
-                    .iter()
-                    .flat_map(|n| n.methods.iter().flatten().map(|m| m.as_str().to_owned())),
-            )
+            .chain(all().flat_map(|n| n.methods.iter().flatten().map(|m| m.as_str().to_owned())))
             .collect(),
     };
     let hosts: BTreeSet<String> = match &r.host {
         Some(h) => [h.clone()].into(),
-        None => next
-            .routes
-            .iter()
+        None => all()
             .filter_map(|n| n.host.clone())
             .chain([PROBE_HOST.to_owned()])
             .collect(),
@@ -130,16 +134,45 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
     let mut out = Plan::default();
     let mut carried = BTreeSet::new();
     let mut dropped = BTreeSet::new();
+    // A token sent in the old header is no token at all once the header changes.
+    let header_changed = running.fencing.header != next.fencing.header;
     for r in running.routes.iter().filter(|r| r.guard) {
         let m = mark(&r.resource);
-        if m == 0 || dropped.contains(&r.resource) {
+        if m == 0 {
             continue;
         }
         let mut leak = None;
-        for (method, host, path) in probes(r, next) {
+        for (method, host, path) in probes(r, running, next) {
+            // Only the requests the running table gives this route are its to lose.
+            match pick(&running.routes, |o| o, &method, &host, &path) {
+                Pick::To(o) if std::ptr::eq(o, r) => {}
+                _ => continue,
+            }
+            let shown = || {
+                if host == PROBE_HOST || r.host.is_none() {
+                    format!("{method} {path}")
+                } else {
+                    format!("{method} {path} (host {host})")
+                }
+            };
             match pick(&next.routes, |n| n, &method, &host, &path) {
                 Pick::Nowhere | Pick::MethodNotAllowed(_) => {}
                 Pick::To(n) if n.guard => {
+                    let tokenless = n.missing_token == MissingToken::Allow
+                        && (header_changed || r.missing_token != MissingToken::Allow);
+                    if tokenless && leak.is_none() {
+                        leak = Some(format!(
+                            "{} would go to route {:?}, which forwards requests without a token \
+                             (missing_token = \"allow\"{})",
+                            shown(),
+                            n.name,
+                            if header_changed {
+                                ", and the token header changed"
+                            } else {
+                                ""
+                            }
+                        ));
+                    }
                     if n.resource != r.resource
                         && carried.insert((r.resource.clone(), n.resource.clone()))
                     {
@@ -151,19 +184,20 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
                         });
                     }
                 }
-                Pick::To(n) => {
-                    let shown = if host == PROBE_HOST || r.host.is_none() {
-                        format!("{method} {path}")
-                    } else {
-                        format!("{method} {path} (host {host})")
-                    };
-                    leak = Some(format!("{shown} would go to unguarded route {:?}", n.name));
-                    break;
+                Pick::To(n) if leak.is_none() => {
+                    leak = Some(format!(
+                        "{} would go to unguarded route {:?}",
+                        shown(),
+                        n.name
+                    ));
                 }
+                Pick::To(_) => {}
             }
         }
         let Some(why) = leak else { continue };
-        dropped.insert(r.resource.clone());
+        if !dropped.insert(r.resource.clone()) {
+            continue; // one line per resource
+        }
         let d = Dropped {
             resource: r.resource.clone(),
             mark: m,
@@ -335,6 +369,72 @@ guard = false
             |_| 0,
         );
         assert_eq!(p, Plan::default());
+    }
+
+    #[test]
+    fn reloading_the_same_file_changes_nothing() {
+        let carve_out = r#"
+[[route]]
+name = "public"
+upstream = "legacy"
+path_prefix = "/warehouses/7/public"
+guard = false
+[[route]]
+name = "stock"
+upstream = "legacy"
+path_prefix = "/warehouses/7/stock"
+resource = "stock-7"
+"#;
+        let configs = [
+            format!("{WH7}{CATCH_ALL}"),
+            format!("{carve_out}{WH7}{CATCH_ALL}"),
+            format!("{carve_out}{WH7}"),
+            WH7.to_owned(),
+        ];
+        let all_marked = |_: &str| 110;
+        for c in &configs {
+            let c = config(c);
+            assert_eq!(plan(&c, &c, all_marked), Plan::default(), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn a_route_that_would_take_requests_without_a_token_loses_protection() {
+        let old = config(WH7);
+        let lenient = config(&WH7.replace("resource", "missing_token = \"allow\"\nresource"));
+        let p = plan(&old, &lenient, marks);
+        assert_eq!(p.unprotected.len(), 1, "{p}");
+        assert!(p.unprotected[0].why.contains("without a token"), "{p}");
+        // An unusual method that a guarded route does not list reaches the catch-all.
+        let listed = WH7.replace(
+            "resource",
+            "methods = [\"GET\", \"HEAD\", \"OPTIONS\", \"POST\", \"PUT\", \"PATCH\", \"DELETE\", \"PROPFIND\"]\nresource",
+        );
+        let p = plan(&old, &config(&format!("{listed}{CATCH_ALL}")), marks);
+        assert_eq!(p.unprotected.len(), 1, "{p}");
+    }
+
+    #[test]
+    fn carries_do_not_depend_on_route_order_when_a_resource_is_retired() {
+        let api = r#"
+[[route]]
+name = "wh7api"
+upstream = "legacy"
+path_prefix = "/api/warehouses/7"
+resource = "warehouse-7"
+"#;
+        let moved = api.replace("\"warehouse-7\"", "\"wh/7\"");
+        for old in [
+            format!("{WH7}{api}{CATCH_ALL}"),
+            format!("{api}{WH7}{CATCH_ALL}"),
+        ] {
+            let old = config(&old);
+            let new = config(&format!("{moved}{CATCH_ALL}")).tap_retired("warehouse-7");
+            let p = plan(&old, &new, marks);
+            assert_eq!(p.retired.len(), 1, "{p}");
+            assert_eq!(p.carried.len(), 1, "{p}");
+            assert_eq!(p.carried[0].to, "wh/7");
+        }
     }
 
     trait Retire {

@@ -25,18 +25,19 @@ impl std::fmt::Display for Found {
     }
 }
 
+/// The key space of audit records.
+const AUDIT_ROOT: &str = "/palisade-audit";
+
 impl EtcdStore {
-    /// Where audit records of repairs go: beside the prefix, never under it (a record under
-    /// the prefix would be read as a mark): `/palisade/marks/` -> `/palisade/marks.audit/`.
+    /// Where audit records of repairs go: under `/palisade-audit`, followed by the marks
+    /// prefix (`/palisade/marks/` -> `/palisade-audit/palisade/marks/`), so that they are
+    /// never under this or another deployment's marks prefix, where they would be read as
+    /// marks (`/palisade-audit` is reserved for this).
     pub fn audit_prefix(&self) -> String {
         let p = &self.inner.prefix;
-        // Replace the prefix's last character by something that does not start with it.
-        let mut stem = p.clone();
-        match stem.pop() {
-            Some('/') => format!("{stem}.audit/"),
-            Some(_) => format!("{stem}/audit/"),
-            None => "palisade.audit/".to_owned(),
-        }
+        let sep = if p.starts_with('/') { "" } else { "/" };
+        let end = if p.ends_with('/') { "" } else { "/" };
+        format!("{AUDIT_ROOT}{sep}{p}{end}")
     }
 
     /// Every mark under the prefix, with values that are not marks reported rather than
@@ -82,6 +83,13 @@ impl EtcdStore {
     ) -> Result<Found, StoreError> {
         let key = self.key(resource);
         let record = format!("{}{audit_key}", self.audit_prefix());
+        if record.starts_with(self.inner.prefix.as_str()) {
+            return Err(StoreError::Etcd(format!(
+                "the marks prefix {:?} contains the audit key space {AUDIT_ROOT}: choose \
+                 another [marks.etcd] prefix before repairing marks",
+                self.inner.prefix
+            )));
+        }
         for _ in 0..5 {
             let current = self
                 .bounded("repair read", || {
