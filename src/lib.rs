@@ -19,10 +19,11 @@
 //!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
 //!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
 //!   drains ([`drain`]) and the bodies that carry them ([`flight`]), the table of refusals
-//!   ([`reject`]), [`metrics`], path prefixes matched at segment boundaries
-//!   ([`PathPrefix`]), and the tower layer (`layer`, feature `layer`).
+//!   ([`reject`]), [`metrics`], request [`path`] normal form, path prefixes matched at
+//!   segment boundaries ([`PathPrefix`]), resources taken from the request ([`template`]),
+//!   and the tower layer (`layer`, feature `layer`).
 //! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
-//!   changed: [`config`] and its [`reload`], request [`path`] and [`host`] normal forms, the
+//!   changed: [`config`] and its [`reload`], the request [`host`] normal form, the
 //!   request [`pipeline`](proxy::pipeline), the [`access_log`], the accept loop ([`server`]),
 //!   the [`admin`] endpoints, the wiring ([`app`]), and the operator's commands: `palisade marks`
 //!   ([`marks_cli`](proxy::marks_cli)) and, with `etcd`, `palisade lock|elect NAME -- CMD`
@@ -58,9 +59,9 @@ pub use client::{election, error, lock, provider, rwlock, semaphore, session, tr
 #[cfg(feature = "layer")]
 pub use fence::layer;
 #[cfg(feature = "fence")]
-pub use fence::{admission, confirm, drain, flight, guard, marks, metrics, reject};
+pub use fence::{admission, confirm, drain, flight, guard, marks, metrics, path, reject, template};
 #[cfg(feature = "proxy")]
-pub use proxy::{access_log, admin, app, config, host, path, reload, server};
+pub use proxy::{access_log, admin, app, config, host, reload, server};
 
 #[cfg(feature = "fence")]
 pub use admission::Admission;

@@ -261,3 +261,66 @@ async fn a_layer_resource_picked_by_path_prefix_stops_at_a_segment_boundary() {
     let marks = e.admission.marks();
     assert_eq!((marks["warehouse-1"], marks["warehouse-12"]), (51, 40));
 }
+
+#[tokio::test]
+async fn a_layer_with_a_resource_template_keeps_one_mark_per_entity() {
+    use palisade::template::{PathPattern, ResourceTemplate};
+    let e = env().await;
+    let pattern = PathPattern::parse("/warehouses/{id}/stock").unwrap();
+    let template = ResourceTemplate::parse("warehouse/{id}", pattern.names()).unwrap();
+    let layer =
+        FenceLayer::new(Arc::clone(&e.admission), "unused").with_template(pattern, template);
+    let svc = layer.layer(tower::service_fn(
+        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+        },
+    ));
+    let send = |path: &str, token: Option<&str>| {
+        let mut req = Request::post(path.to_owned());
+        if let Some(t) = token {
+            req = req.header("x-fencing-token", t);
+        }
+        svc.clone()
+            .oneshot(req.body(Full::new(Bytes::new())).unwrap())
+    };
+    assert_eq!(
+        send("/warehouses/7/stock", Some("51"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        send("/warehouses/8/stock", Some("40"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        send("/warehouses/7/stock", Some("50"))
+            .await
+            .unwrap()
+            .status(),
+        409
+    );
+    // Another spelling of warehouse 7 is the same entity, or refused: never a fresh mark.
+    assert_eq!(
+        send("/warehouses/7/stock/", Some("50"))
+            .await
+            .unwrap()
+            .status(),
+        409
+    );
+    assert_eq!(
+        send("/warehouses/%37/stock", Some("50"))
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    // Paths the pattern does not match are not guarded.
+    assert_eq!(send("/health", None).await.unwrap().status(), 200);
+    let marks = e.admission.marks();
+    assert_eq!((marks["warehouse/7"], marks["warehouse/8"]), (51, 40));
+}

@@ -1005,6 +1005,122 @@ async fn a_path_prefix_stops_at_a_segment_boundary() {
     );
 }
 
+/// One route for every warehouse, one mark per warehouse.
+const KEYED: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "{marks}"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "stock"
+upstream = "legacy"
+path_pattern = "/warehouses/{id}/stock/{sku}"
+resource = "warehouse/{id}"
+
+[[route]]
+name = "tenant"
+upstream = "legacy"
+path_prefix = "/tenant"
+resource = "tenant/{header.x-tenant}"
+"#;
+
+async fn a_templated_route_keeps_one_mark_per_entity() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let text = support::render(KEYED, up.addr, &dir.path().join("m.json"));
+    let proxy = support::proxy(&text, dir.path()).await;
+    // Tokens of two locks interleave: warehouse 7's leader has 51, warehouse 8's 40.
+    let w7 = post(&proxy.url("/warehouses/7/stock/1"), Some("51")).await;
+    assert_eq!(w7.status, StatusCode::OK);
+    let w8 = post(&proxy.url("/warehouses/8/stock/1"), Some("40")).await;
+    assert_eq!(
+        w8.status,
+        StatusCode::OK,
+        "no false rejection: {}",
+        w8.text()
+    );
+    // Each warehouse's zombie is refused against its own mark, whatever its spelling.
+    for path in [
+        "/warehouses/7/stock/2",
+        "/warehouses/7/stock/2/",
+        "/warehouses/7/stock/2.json",
+    ] {
+        let z = post(&proxy.url(path), Some("50")).await;
+        assert_eq!(z.status, StatusCode::CONFLICT, "{path}");
+        assert_eq!(z.json()["resource"], "warehouse/7", "{path}");
+        assert_eq!(z.headers["x-fencing-mark"], "51");
+    }
+    let z8 = post(&proxy.url("/warehouses/8/stock/3"), Some("39")).await;
+    assert_eq!(z8.status, StatusCode::CONFLICT);
+    assert_eq!(z8.json()["resource"], "warehouse/8");
+    assert_eq!(
+        up.log.tokens(),
+        [Some("51".into()), Some("40".into())],
+        "only the owners' writes arrived"
+    );
+    let marks = proxy.marks().await;
+    assert_eq!(
+        (marks["warehouse/7"].clone(), marks["warehouse/8"].clone()),
+        (51.into(), 40.into())
+    );
+    // A resource from a header: missing or repeated is a 400, never a guess.
+    let r = send(
+        &http1_client(),
+        Method::POST,
+        &proxy.url("/tenant/x"),
+        &[("x-fencing-token", b"5")],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"], "bad_resource");
+    let r = send(
+        &http1_client(),
+        Method::POST,
+        &proxy.url("/tenant/x"),
+        &[("x-fencing-token", b"5"), ("x-tenant", b"acme")],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(proxy.marks().await["tenant/acme"], 5);
+    // A name over 1024 bytes is refused, not truncated.
+    let long = format!("/warehouses/{}/stock/1", "7".repeat(1100));
+    let r = post(&proxy.url(&long), Some("60")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(
+        r.json()["message"].as_str().unwrap().contains("1024"),
+        "{}",
+        r.text()
+    );
+    // Metrics per route and template, never per entity.
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_stale_rejections_total{resource="warehouse/{id}",route="stock"}"#
+        ),
+        Some(4.0)
+    );
+    assert!(
+        !m.contains("resource=\"warehouse/7\""),
+        "per-entity series:\n{m}"
+    );
+    proxy.shutdown().await;
+    // Marks of entities survive a restart, read from the store on first use.
+    let again = support::proxy(&text, dir.path()).await;
+    let z = post(&again.url("/warehouses/7/stock/9"), Some("50")).await;
+    assert_eq!(z.status, StatusCode::CONFLICT);
+    again.shutdown().await;
+}
+
 // Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
     stale_token_is_rejected_with_409_and_never_reaches_upstream,
@@ -1023,4 +1139,5 @@ support::on_both_paths!(
     an_admitted_request_is_sent_upstream_once_even_when_the_upstream_fails,
     the_proxy_passes_the_admission_table_over_http_and_grpc,
     a_path_prefix_stops_at_a_segment_boundary,
+    a_templated_route_keeps_one_mark_per_entity,
 );

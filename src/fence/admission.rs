@@ -59,8 +59,13 @@ type Resources = BTreeMap<String, Arc<Resource>>;
 
 impl Resource {
     fn new(name: &str, initial: u64, metrics: &Metrics) -> Arc<Self> {
-        let metrics = metrics.mark(name);
-        metrics.mark.set(initial as i64);
+        Self::with_metrics(name, initial, metrics.mark(name))
+    }
+
+    fn with_metrics(name: &str, initial: u64, metrics: MarkMetrics) -> Arc<Self> {
+        if let Some(g) = &metrics.mark {
+            g.set(initial as i64);
+        }
         Arc::new(Resource {
             name: name.into(),
             mark: Watermark::new(initial),

@@ -117,8 +117,9 @@ impl RouteMetrics {
 /// Pre-resolved handles for one resource's mark.
 #[derive(Debug, Clone)]
 pub struct MarkMetrics {
-    /// `palisade_mark{resource}`.
-    pub mark: IntGauge,
+    /// `palisade_mark{resource}`; `None` for the entities of a resource template, which
+    /// report per template only (one gauge per entity would grow without bound).
+    pub mark: Option<IntGauge>,
     /// `palisade_mark_advances_total{resource}`.
     pub advances: IntCounter,
     /// `palisade_drain_duration_seconds{resource}`: how long an advance waited for older
@@ -321,11 +322,20 @@ impl Metrics {
     /// Handles for a resource's mark.
     pub fn mark(&self, resource: &str) -> MarkMetrics {
         MarkMetrics {
-            mark: self.mark.with_label_values(&[resource]),
+            mark: Some(self.mark.with_label_values(&[resource])),
             advances: self.advances.with_label_values(&[resource]),
             drain_duration: self.drain_duration.with_label_values(&[resource]),
             drain_timeouts: self.drain_timeouts.with_label_values(&[resource]),
             drain_aborted: self.drain_aborted.with_label_values(&[resource]),
+        }
+    }
+
+    /// Handles shared by every entity of a resource template: the counters and histograms
+    /// labelled with the template's text, no mark gauge.
+    pub fn keyed_mark(&self, template: &str) -> MarkMetrics {
+        MarkMetrics {
+            mark: None,
+            ..self.mark(template)
         }
     }
 

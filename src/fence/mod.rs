@@ -11,5 +11,7 @@ pub mod guard;
 pub mod layer;
 pub mod marks;
 pub mod metrics;
+pub mod path;
 pub mod path_prefix;
 pub mod reject;
+pub mod template;

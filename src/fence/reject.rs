@@ -42,6 +42,10 @@ pub enum Rejection {
     /// it lists.
     #[error("this method is not allowed on this route")]
     MethodNotAllowed,
+    /// The route takes its resource from the request, and this request names none that
+    /// can be used (a header missing or repeated, a name over 1024 bytes, ...).
+    #[error("cannot tell which resource this request is for: {0}")]
+    BadResource(#[source] crate::template::FillError),
     /// The request path is not in normal form (the proxy's path rules say why).
     #[error("request path is not in normal form: {0}")]
     BadPath(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -175,6 +179,9 @@ impl Rejection {
                 (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_token")
             }
             Rejection::BadPath(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_path"),
+            Rejection::BadResource(_) => {
+                (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_resource")
+            }
             Rejection::BadRequest(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_request"),
             Rejection::TokenAlias => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "token_alias"),
             Rejection::AboveMaxToken { .. } => {

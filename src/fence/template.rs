@@ -81,7 +81,7 @@ impl PathPattern {
             return Err(err(0, "a path pattern starts with '/'"));
         };
         let mut segments = Vec::new();
-        let mut names: Vec<&str> = Vec::new();
+        let mut names: Vec<String> = Vec::new();
         let mut offset = 1;
         let parts: Vec<&str> = if body.is_empty() {
             Vec::new()
@@ -121,7 +121,7 @@ impl PathPattern {
                         format!("{n:?} is not a capture name (letters, digits, '_', '-')"),
                     ));
                 }
-                if names.contains(&n.as_str()) {
+                if names.contains(n) {
                     return Err(err(offset, format!("capture {n:?} appears twice")));
                 }
                 if matches!(n.as_str(), "host" | "service" | "method") || n.starts_with("header") {
@@ -130,10 +130,7 @@ impl PathPattern {
                         format!("{n:?} is reserved for the request's own placeholders"),
                     ));
                 }
-                names.push(match &segment {
-                    Segment::Capture(n) | Segment::Rest(n) => n,
-                    Segment::Literal(_) => unreachable!(),
-                });
+                names.push(n.clone());
             }
             segments.push(segment);
             offset += part.len() + 1;
@@ -149,8 +146,30 @@ impl PathPattern {
         &self.text
     }
 
+    /// The literal start of the pattern, up to its first capture (`/warehouses/` of
+    /// `/warehouses/{id}/stock`): every path it matches starts with it.
+    pub fn literal_prefix(&self) -> &str {
+        self.text.find('{').map_or(&self.text, |i| &self.text[..i])
+    }
+
+    /// A path the pattern matches, each capture filled with `fill`.
+    pub fn example(&self, fill: &str) -> String {
+        let mut out = String::new();
+        for s in &self.segments {
+            out.push('/');
+            out.push_str(match s {
+                Segment::Literal(l) => l,
+                Segment::Capture(_) | Segment::Rest(_) => fill,
+            });
+        }
+        if out.is_empty() {
+            out.push('/');
+        }
+        out
+    }
+
     /// The names this pattern captures, in order.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
+    pub fn names(&self) -> impl Iterator<Item = &str> + Clone {
         self.segments.iter().filter_map(|s| match s {
             Segment::Capture(n) | Segment::Rest(n) => Some(n.as_str()),
             Segment::Literal(_) => None,
@@ -314,9 +333,8 @@ impl ResourceTemplate {
                 "method" => Piece::Method,
                 n if n.starts_with("header.") => {
                     let h = &n["header.".len()..];
-                    let header = http::HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                        err(at, format!("{h:?} is not a header name"))
-                    })?;
+                    let header = http::HeaderName::from_bytes(h.as_bytes())
+                        .map_err(|_| err(at, format!("{h:?} is not a header name")))?;
                     Piece::Header(header)
                 }
                 n if captures.clone().into_iter().any(|c| c == n) => Piece::Capture(n.to_owned()),
@@ -384,7 +402,9 @@ impl ResourceTemplate {
                 Piece::Text(t) => {
                     let found = if after_placeholder {
                         // The placeholder takes at least one byte.
-                        rest.get(1..).and_then(|r| r.find(t.as_str())).map(|f| f + 1)
+                        rest.get(1..)
+                            .and_then(|r| r.find(t.as_str()))
+                            .map(|f| f + 1)
                     } else if rest.starts_with(t.as_str()) {
                         Some(0)
                     } else {
@@ -407,7 +427,11 @@ impl ResourceTemplate {
     ///
     /// # Errors
     /// [`FillError`]: the request cannot name a resource, and is refused.
-    pub fn fill(&self, captures: &Captures<'_>, req: &impl RequestParts) -> Result<String, FillError> {
+    pub fn fill(
+        &self,
+        captures: &Captures<'_>,
+        req: &impl RequestParts,
+    ) -> Result<String, FillError> {
         let mut out = String::with_capacity(self.text.len() + 16);
         for p in &self.pieces {
             match p {
@@ -424,11 +448,17 @@ impl ResourceTemplate {
                     if v.is_empty() || !v.iter().all(|b| b.is_ascii_graphic()) {
                         return Err(FillError::BadHeader(h.to_string()));
                     }
-                    out.push_str(std::str::from_utf8(v).map_err(|_| FillError::BadHeader(h.to_string()))?);
+                    out.push_str(
+                        std::str::from_utf8(v).map_err(|_| FillError::BadHeader(h.to_string()))?,
+                    );
                 }
                 Piece::Service | Piece::Method => {
                     let (service, method) = grpc_call(req)?;
-                    out.push_str(if *p == Piece::Service { service } else { method });
+                    out.push_str(if *p == Piece::Service {
+                        service
+                    } else {
+                        method
+                    });
                 }
             }
             if out.len() > MAX_RESOURCE_BYTES {

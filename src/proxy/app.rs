@@ -127,7 +127,7 @@ impl App {
         let mut resources: Vec<&str> = config
             .routes
             .iter()
-            .filter(|r| r.guard)
+            .filter(|r| r.guard && r.template.is_none())
             .map(|r| r.resource.as_str())
             .collect();
         resources.sort_unstable();

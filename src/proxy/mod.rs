@@ -11,7 +11,6 @@ pub mod config;
 pub mod hold_cli;
 pub mod host;
 pub mod marks_cli;
-pub mod path;
 pub mod pipeline;
 pub mod reload;
 pub mod server;

@@ -60,7 +60,9 @@ pub(super) async fn advance(
     // under the new mark can be counted in the old generation.
     let (ticket, old) = res.drain.install(token.get());
     let now = res.mark.publish(token);
-    res.metrics.mark.set(now as i64);
+    if let Some(g) = &res.metrics.mark {
+        g.set(now as i64);
+    }
     res.metrics.advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced");
     // The resources a reload carried this mark over to take this token too, before the
@@ -126,7 +128,9 @@ async fn publish_learned(res: &Resource, mark: u64) {
     };
     let (ticket, old) = res.drain.install(mark);
     let now = res.mark.publish(token);
-    res.metrics.mark.set(now as i64);
+    if let Some(g) = &res.metrics.mark {
+        g.set(now as i64);
+    }
     res.metrics.advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced by another replica");
     let drained = res.drain.finish(&ticket, &old, Duration::ZERO).await;

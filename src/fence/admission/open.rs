@@ -47,6 +47,34 @@ impl Admission {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        self.open_with(names, None).await
+    }
+
+    /// The entity `name` of the resource template `template`, its mark loaded from the store
+    /// the first time it is asked for. Its metrics are the template's (no per-entity series).
+    ///
+    /// # Errors
+    /// The store's error when the mark cannot be loaded: the entity is not guarded on a
+    /// guess.
+    pub async fn entity(&self, name: &str, template: &str) -> Result<Arc<Resource>, StoreError> {
+        if let Some(r) = self.resource(name) {
+            return Ok(r);
+        }
+        self.open_with([name], Some(template)).await?;
+        Ok(self
+            .resource(name)
+            .expect("open_with inserts every name it was given"))
+    }
+
+    async fn open_with<I, S>(
+        &self,
+        names: I,
+        template: Option<&str>,
+    ) -> Result<Vec<String>, StoreError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let missing: std::collections::BTreeSet<String> = {
             let known = read(&self.resources);
             names
@@ -81,7 +109,12 @@ impl Admission {
             for (name, initial) in loaded {
                 map.entry(name).or_insert_with_key(|name| {
                     opened.push(name.clone());
-                    Resource::new(name, initial, &self.metrics)
+                    match template {
+                        None => Resource::new(name, initial, &self.metrics),
+                        Some(t) => {
+                            Resource::with_metrics(name, initial, self.metrics.keyed_mark(t))
+                        }
+                    }
                 });
             }
         }

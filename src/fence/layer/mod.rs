@@ -42,6 +42,7 @@ pub use future::ResponseFuture;
 use crate::admission::{Admission, Refused, Resource};
 use crate::guard::MissingToken;
 use crate::reject::{Context as RejectContext, Rejection};
+use crate::template::{PathPattern, ResourceTemplate};
 use crate::token::{self, FencingToken};
 
 /// Picks a request's resource from its head.
@@ -54,6 +55,32 @@ enum Which {
     Fixed(Arc<str>, Arc<std::sync::OnceLock<Arc<Resource>>>),
     /// Chosen per request (e.g. from the path); `None` lets the request through unguarded.
     Derived(Arc<ResourceFn>),
+    /// Filled in from the request by a template; a path the pattern does not match goes
+    /// through unguarded.
+    Template(Arc<(PathPattern, ResourceTemplate)>),
+}
+
+/// The resource a request of a per-request [`Which`] names: `Ok(None)` when it is not
+/// guarded, `Err` when it cannot name one.
+fn derive(which: &Which, parts: &http::request::Parts) -> Result<Option<String>, Rejection> {
+    match which {
+        Which::Fixed(..) => Ok(None),
+        Which::Derived(f) => Ok(f(parts)),
+        Which::Template(t) => {
+            let (pattern, template) = &**t;
+            // The path as the service will read it: one spelling per entity.
+            let normal = crate::path::normalize(parts.uri.path())
+                .map_err(|e| Rejection::BadPath(Box::new(e)))?;
+            let key = crate::path::match_key(&normal);
+            let Some(captures) = pattern.captures(&key) else {
+                return Ok(None);
+            };
+            template
+                .fill(&captures, parts)
+                .map(Some)
+                .map_err(Rejection::BadResource)
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -106,6 +133,14 @@ impl FenceLayer {
         f: impl Fn(&http::request::Parts) -> Option<String> + Send + Sync + 'static,
     ) -> Self {
         self.with(|s| s.which = Which::Derived(Arc::new(f)))
+    }
+
+    /// Takes the resource from the request: requests whose normal-form path `pattern`
+    /// matches are guarded by the mark of the entity `template` names (one mark per entity,
+    /// its metrics per template); other requests go through unguarded. The same types as the
+    /// proxy's `path_pattern` and `resource` (see [`crate::template`]).
+    pub fn with_template(self, pattern: PathPattern, template: ResourceTemplate) -> Self {
+        self.with(|s| s.which = Which::Template(Arc::new((pattern, template))))
     }
 
     /// The header (and gRPC metadata key) carrying the token.
@@ -176,7 +211,7 @@ where
                 Some(resource) => decide_now(&self.settings, resource, req.headers()),
                 None => None,
             },
-            Which::Derived(_) => None,
+            Which::Derived(_) | Which::Template(_) => None,
         };
         let req = match now {
             Some(Ok(admitted)) => return self.run_now(req, admitted),
@@ -184,14 +219,15 @@ where
             None => req,
         };
         let (mut parts, body) = req.into_parts();
-        if let Which::Derived(f) = &self.settings.which {
-            let now = match f(&parts) {
-                Some(n) => self
+        if !matches!(self.settings.which, Which::Fixed(..)) {
+            let now = match derive(&self.settings.which, &parts) {
+                Ok(Some(n)) => self
                     .settings
                     .admission
                     .resource(&n)
                     .and_then(|r| decide_now(&self.settings, &r, &parts.headers)),
-                None => Some(Ok(None)),
+                Ok(None) => Some(Ok(None)),
+                Err(why) => Some(Err((why, None, None))),
             };
             match now {
                 Some(Ok(admitted)) => {
@@ -313,9 +349,10 @@ type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
 async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, Refusal> {
     let derived = match &s.which {
         Which::Fixed(..) => None,
-        Which::Derived(f) => match f(parts) {
-            Some(n) => Some(n),
-            None => return Ok(None),
+        which => match derive(which, parts) {
+            Ok(Some(n)) => Some(n),
+            Ok(None) => return Ok(None),
+            Err(why) => return Err((why, None, None)),
         },
     };
     let token = match token::from_headers(&parts.headers, &s.header) {
@@ -343,12 +380,17 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
                 Arc::clone(cached.get_or_init(|| r))
             }
         },
+        (Which::Template(t), Some(name)) => s
+            .admission
+            .entity(&name, t.1.as_str())
+            .await
+            .map_err(unavailable)?,
         (_, Some(name)) => s
             .admission
             .resource_or_open(&name)
             .await
             .map_err(unavailable)?,
-        (Which::Derived(_), None) => return Ok(None),
+        (_, None) => return Ok(None),
     };
     match s.admission.admit(&resource, token, s.drain_timeout).await {
         Ok((_, ticket)) => Ok(Some((token, ticket))),

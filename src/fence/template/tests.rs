@@ -41,8 +41,14 @@ fn a_pattern_captures_whole_segments() {
     let c = p.captures("/warehouses/7/stock/9").unwrap();
     assert_eq!((c.get("id"), c.get("sku")), (Some("7"), Some("9")));
     // A trailing slash and a `.format` suffix on the last segment are the same entity.
-    assert_eq!(p.captures("/warehouses/7/stock/9/").unwrap().get("sku"), Some("9"));
-    assert_eq!(p.captures("/warehouses/7/stock/9.json").unwrap().get("sku"), Some("9"));
+    assert_eq!(
+        p.captures("/warehouses/7/stock/9/").unwrap().get("sku"),
+        Some("9")
+    );
+    assert_eq!(
+        p.captures("/warehouses/7/stock/9.json").unwrap().get("sku"),
+        Some("9")
+    );
     for no in [
         "/warehouses/7/stock",
         "/warehouses/7/stock/9/x",
@@ -56,7 +62,10 @@ fn a_pattern_captures_whole_segments() {
     let c = p.captures("/warehouses/caf%C3%A9/stock/1").unwrap();
     assert_eq!(c.get("id"), Some("caf%C3%A9"));
     let rest = PathPattern::parse("/files/{*path}").unwrap();
-    assert_eq!(rest.captures("/files/a/b/c").unwrap().get("path"), Some("a/b/c"));
+    assert_eq!(
+        rest.captures("/files/a/b/c").unwrap().get("path"),
+        Some("a/b/c")
+    );
     assert!(rest.captures("/files/").is_none());
     assert!(rest.captures("/files").is_none());
 }
@@ -119,7 +128,10 @@ fn template_errors_name_the_placeholder() {
     let p = PathPattern::parse("/warehouses/{id}").unwrap();
     let e = ResourceTemplate::parse("warehouse/{wh}", p.names()).unwrap_err();
     assert_eq!(e.at, 10);
-    assert!(e.message.contains("captures no \"wh\"") && e.message.contains("id"), "{e}");
+    assert!(
+        e.message.contains("captures no \"wh\"") && e.message.contains("id"),
+        "{e}"
+    );
     let e = ResourceTemplate::parse("w/{header.}", p.names()).unwrap_err();
     assert!(e.message.contains("header name"), "{e}");
     let e = ResourceTemplate::parse("w/{id", p.names()).unwrap_err();
@@ -139,5 +151,7 @@ fn a_fixed_name_in_a_templates_space_is_detected() {
     assert!(t.could_produce("w/1/s/2"));
     assert!(!t.could_produce("w/1/s/"));
     assert!(!t.is_fixed());
-    assert!(ResourceTemplate::parse("orders", ["id"]).unwrap().is_fixed());
+    assert!(ResourceTemplate::parse("orders", ["id"])
+        .unwrap()
+        .is_fixed());
 }

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::path;
+use crate::template::{PathPattern, ResourceTemplate};
 
 mod access_log;
 mod error;
@@ -222,6 +223,8 @@ pub enum PathMatch {
     /// `path_prefix`: the prefix and every path below it, at segment boundaries
     /// ([`crate::fence::path_prefix`]: `/warehouses/1` never takes `/warehouses/12`).
     Prefix(String),
+    /// `path_pattern`: segments captured for a resource template ([`crate::template`]).
+    Pattern(PathPattern),
 }
 
 impl PathMatch {
@@ -234,6 +237,7 @@ impl PathMatch {
                 rest.is_empty() || rest == "/" || (rest.starts_with('.') && !rest.contains('/'))
             }),
             PathMatch::Prefix(p) => crate::fence::path_prefix::matches(p, key),
+            PathMatch::Pattern(p) => p.captures(key).is_some(),
         }
     }
 }
@@ -251,8 +255,10 @@ pub struct RouteSettings {
     pub methods: Option<Vec<Method>>,
     /// `host`, lower-cased, without port; `None` = any host.
     pub host: Option<String>,
-    /// `resource`: the mark key (default: the route's name).
+    /// `resource`: the mark key (default: the route's name), or a template's text.
     pub resource: String,
+    /// `resource` when it has placeholders (`warehouse/{id}`): one mark per filled name.
+    pub template: Option<ResourceTemplate>,
     /// `guard`.
     pub guard: bool,
     /// `missing_token`.
@@ -398,7 +404,12 @@ impl Config {
                     .host
                     .as_deref()
                     .map_or_else(String::new, |h| format!(" host {h},"));
-                let what = if r.guard {
+                let what = if r.guard && r.template.is_some() {
+                    format!(
+                        "guarded by one mark per entity, resource template {:?}",
+                        r.resource
+                    )
+                } else if r.guard {
                     format!("guarded by the mark of resource {:?}", r.resource)
                 } else {
                     "unguarded (forwarded unchecked)".to_owned()

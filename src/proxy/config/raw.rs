@@ -106,6 +106,7 @@ pub(super) struct Route {
     pub(super) upstream: Spanned<String>,
     pub(super) path: Option<Spanned<String>>,
     pub(super) path_prefix: Option<Spanned<String>>,
+    pub(super) path_pattern: Option<Spanned<String>>,
     pub(super) methods: Option<Spanned<Vec<Spanned<String>>>>,
     pub(super) host: Option<Spanned<String>>,
     pub(super) resource: Option<Spanned<String>>,

@@ -220,3 +220,53 @@ fn websocket_tunnels_that_bypass_a_guard_are_refused() {
     let text = guarded_ws("resource = \"orders\"").replace(":9000\"\n", ":80\"\n");
     Config::parse(&text, Path::new("p.toml")).unwrap();
 }
+
+#[test]
+fn resource_templates_are_checked_with_their_place() {
+    let route = |pattern: &str, resource: &str| {
+        format!(
+            "[proxy]\nlisten = \"127.0.0.1:0\"\n[[upstream]]\nname = \"legacy\"\nurl = \
+             \"http://127.0.0.1:9000\"\n[[route]]\nname = \"stock\"\nupstream = \"legacy\"\n\
+             path_pattern = \"{pattern}\"\nresource = \"{resource}\"\n"
+        )
+    };
+    let ok = Config::parse(
+        &route("/warehouses/{id}/stock/{sku}", "warehouse/{id}"),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    assert!(ok.routes[0].template.is_some());
+    // A capture the pattern does not have: line 10, the column of its `{`.
+    let (line, column, key, message) = err(&route("/warehouses/{id}", "warehouse/{wh}"));
+    assert_eq!(
+        (line, column, key.as_str()),
+        (10, 23, "route[0].resource"),
+        "{message}"
+    );
+    assert!(message.contains("captures no \"wh\""), "{message}");
+    let (line, column, key, message) = err(&route("/warehouses/{id}", "w/{bogus.x}"));
+    assert_eq!(
+        (line, column, key.as_str()),
+        (10, 15, "route[0].resource"),
+        "{message}"
+    );
+    assert!(message.contains("unknown placeholder"), "{message}");
+    let (line, column, key, _) = err(&route("/warehouses/w{id}", "w/{id}"));
+    assert_eq!(
+        (line, column, key.as_str()),
+        (9, 29, "route[0].path_pattern")
+    );
+    // A fixed resource inside a template's space is flagged.
+    let fixed = format!(
+        "{}[[route]]\nname = \"seven\"\nupstream = \"legacy\"\npath_prefix = \"/w7\"\nresource = \"warehouse/7\"\n",
+        route("/warehouses/{id}", "warehouse/{id}")
+    );
+    let c = Config::parse(&fixed, Path::new("p.toml")).unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.key == "route[1]" && w.message.contains("share that mark")),
+        "{:?}",
+        c.warnings
+    );
+}

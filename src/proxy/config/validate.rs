@@ -244,17 +244,36 @@ impl Validator<'_> {
                     format_args!("no [[upstream]] is named {:?}", r.upstream.get_ref()),
                 )
             })?;
-        let path = match (r.path, r.path_prefix) {
-            (Some(p), None) => PathMatch::Exact(self.route_path(&p, &key("path"))?),
-            (None, Some(p)) => PathMatch::Prefix(self.route_path(&p, &key("path_prefix"))?),
-            (Some(p), Some(_)) => {
-                return Err(self.at(&p, key("path"), "set either path or path_prefix, not both"))
+        let path = match (r.path, r.path_prefix, r.path_pattern) {
+            (Some(p), None, None) => PathMatch::Exact(self.route_path(&p, &key("path"))?),
+            (None, Some(p), None) => PathMatch::Prefix(self.route_path(&p, &key("path_prefix"))?),
+            (None, None, Some(p)) => {
+                let pattern = PathPattern::parse(p.get_ref())
+                    .map_err(|e| self.error(p.span().start + 1 + e.at, key("path_pattern"), e))?;
+                // Its literal segments must be in normal form, as a request's path is.
+                let literal = pattern.as_str().replace(['{', '}', '*'], "");
+                if let Err(e) = path::normalize(&literal) {
+                    return Err(self.at(
+                        &p,
+                        key("path_pattern"),
+                        format_args!("{:?} is not a normal-form path: {e}", p.get_ref()),
+                    ));
+                }
+                PathMatch::Pattern(pattern)
             }
-            (None, None) => {
+            (Some(p), _, _) | (None, Some(p), Some(_)) => {
+                return Err(self.at(
+                    &p,
+                    key("path"),
+                    "set one of path, path_prefix and path_pattern",
+                ))
+            }
+            (None, None, None) => {
                 return Err(self.at(
                     &r.name,
                     key("path_prefix"),
-                    "a route needs path or path_prefix (use \"/\" for everything)",
+                    "a route needs path, path_prefix or path_pattern (use path_prefix = \"/\" \
+                     for everything)",
                 ))
             }
         };
@@ -299,12 +318,29 @@ impl Validator<'_> {
                 self.at(&h, key("host"), format_args!("{:?} {why}", h.get_ref()))
             })?),
         };
-        let resource = match r.resource {
-            None => name.clone(),
+        let (resource, template) = match r.resource {
+            None if matches!(path, PathMatch::Pattern(_)) && r.guard => {
+                return Err(self.at(
+                    &r.name,
+                    key("resource"),
+                    "a guarded route with path_pattern needs a resource template, e.g. \
+                     resource = \"warehouse/{id}\"",
+                ))
+            }
+            None => (name.clone(), None),
             Some(res) if res.get_ref().is_empty() => {
                 return Err(self.at(&res, key("resource"), "must not be empty"))
             }
-            Some(res) => res.into_inner(),
+            Some(res) => {
+                let captures: Vec<&str> = match &path {
+                    PathMatch::Pattern(p) => p.names().collect(),
+                    _ => Vec::new(),
+                };
+                let t = ResourceTemplate::parse(res.get_ref(), captures.iter().copied())
+                    .map_err(|e| self.error(res.span().start + 1 + e.at, key("resource"), e))?;
+                let template = (!t.is_fixed()).then_some(t);
+                (res.into_inner(), template)
+            }
         };
         let max_token = match r.max_token {
             Some(m) if *m.get_ref() == 0 => {
@@ -345,6 +381,7 @@ impl Validator<'_> {
             methods,
             host,
             resource,
+            template,
             guard: r.guard,
             missing_token: r.missing_token,
             strip_token: r.strip_token,

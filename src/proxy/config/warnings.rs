@@ -29,7 +29,7 @@ impl PathMatch {
                 t == p || (plain && t.starts_with(p.as_str())) || t.starts_with(&format!("{p}/"))
             }
             (PathMatch::Exact(a), PathMatch::Exact(b)) => a == b,
-            (PathMatch::Exact(_), PathMatch::Prefix(_)) => false,
+            (PathMatch::Exact(_) | PathMatch::Pattern(_), _) => false,
         }
     }
 
@@ -48,12 +48,27 @@ impl PathMatch {
                 "path_prefix {p:?}: {p}, {p}.<format> and everything below {p}/, never a \
                  longer segment such as {p}0"
             ),
+            PathMatch::Pattern(p) => format!(
+                "path_pattern {:?}: whole segments captured (a trailing / and a .format \
+                 suffix on the last segment name the same entity)",
+                p.as_str()
+            ),
         }
     }
 
-    fn text(&self) -> &str {
+    /// The literal text every matched path starts with.
+    pub(crate) fn text(&self) -> &str {
         match self {
             PathMatch::Exact(p) | PathMatch::Prefix(p) => p,
+            PathMatch::Pattern(p) => p.literal_prefix(),
+        }
+    }
+
+    /// A path this match takes (a pattern's captures filled with `fill`).
+    pub(crate) fn example(&self, fill: &str) -> String {
+        match self {
+            PathMatch::Pattern(p) => p.example(fill),
+            other => other.text().to_owned(),
         }
     }
 }
@@ -111,6 +126,30 @@ impl Validator<'_> {
                     format!(
                         "{} (allow_unguarded_tunnel = true accepts this)",
                         super::validate::tunnel_risk(r, &guarded)
+                    ),
+                ));
+            }
+        }
+        // A fixed resource that a template can also fill in: two routes would share a mark
+        // without saying so.
+        for (fi, f) in routes.iter().enumerate() {
+            if !f.guard || f.template.is_some() {
+                continue;
+            }
+            let filler = routes.iter().find(|t| {
+                t.guard
+                    && t.template
+                        .as_ref()
+                        .is_some_and(|t| t.could_produce(&f.resource))
+            });
+            if let Some(t) = filler {
+                out.push(warn(
+                    fi,
+                    format!(
+                        "resource {:?} of route {:?} is also a name that template {:?} of route \
+                         {:?} fills in: requests of both share that mark; rename one if they \
+                         are different entities",
+                        f.resource, f.name, t.resource, t.name
                     ),
                 ));
             }

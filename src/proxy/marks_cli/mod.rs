@@ -251,10 +251,13 @@ impl Locked {
 }
 
 pub(super) fn guarded(config: &Config, resource: &str) -> bool {
-    config
-        .routes
-        .iter()
-        .any(|r| r.guard && r.resource == resource)
+    config.routes.iter().any(|r| {
+        r.guard
+            && match &r.template {
+                None => r.resource == resource,
+                Some(t) => t.could_produce(resource),
+            }
+    })
 }
 
 fn list(config_path: &Path, out: &mut impl Write) -> Result<(), CliError> {

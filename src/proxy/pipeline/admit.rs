@@ -89,7 +89,8 @@ impl Proxy {
                 ))
             }
         };
-        let route = match self.route(req.method(), host.host, &path::match_key(&normalized)) {
+        let key = path::match_key(&normalized);
+        let route = match self.route(req.method(), host.host, &key) {
             Routed::To(r) => r,
             Routed::MethodNotAllowed(r) => {
                 let allow = r.allow.clone();
@@ -146,10 +147,6 @@ impl Proxy {
             Some(p) => format!("{}:{p}", host.host),
             None => host.host.to_owned(),
         });
-        let rewritten = match normalized {
-            Cow::Owned(p) => Some(p),
-            Cow::Borrowed(_) => None,
-        };
         // An oversized body is refused before the guard: it must not advance a mark.
         let limit = match route.settings.max_body_bytes {
             None => None,
@@ -169,7 +166,13 @@ impl Proxy {
         };
         let inflight = InflightGuard::new(&route.metrics.inflight);
 
-        let (outcome, token, ticket) = match self.fence(route, req.fields()).await {
+        let target = super::refuse::Target {
+            key: &key,
+            host: host.host,
+            path: req.path(),
+            grpc: grpc.is_some(),
+        };
+        let (outcome, token, ticket) = match self.fence(route, req.fields(), &target, note).await {
             Ok(admitted) => admitted,
             Err((rejection, outcome, token)) => {
                 return Err(self.refuse(
@@ -182,6 +185,11 @@ impl Proxy {
                     note,
                 ))
             }
+        };
+        drop(key);
+        let rewritten = match normalized {
+            Cow::Owned(p) => Some(p),
+            Cow::Borrowed(_) => None,
         };
         let upstream = &self.upstreams[route.settings.upstream];
         note.upstream = Some(&upstream.settings.name);

@@ -77,10 +77,11 @@ impl Proxy {
             .iter()
             .map(|r| Route {
                 settings: r.clone(),
-                resource: r.guard.then(|| {
+                // A templated route opens its resources per request.
+                resource: (r.guard && r.template.is_none()).then(|| {
                     admission
                         .resource(&r.resource)
-                        .expect("every guarded resource is loaded")
+                        .expect("every guarded fixed resource is loaded")
                 }),
                 metrics: metrics.route(&r.name, r.guard.then_some(r.resource.as_str())),
                 allow: r.methods.as_ref().and_then(|ms| {
@@ -106,11 +107,17 @@ impl Proxy {
         (proxy, carried)
     }
 
-    /// Whether a route of this configuration guards `resource`.
+    /// Whether a route of this configuration guards `resource` (a fixed one, or one its
+    /// template can fill in).
     pub fn guards(&self, resource: &str) -> bool {
-        self.routes
-            .iter()
-            .any(|r| r.resource.as_ref().is_some_and(|x| x.name() == resource))
+        self.routes.iter().any(|r| {
+            r.resource.as_ref().is_some_and(|x| x.name() == resource)
+                || (r.settings.guard
+                    && r.settings
+                        .template
+                        .as_ref()
+                        .is_some_and(|t| t.could_produce(resource)))
+        })
     }
 
     /// The access log this configuration writes to, if any.

@@ -1,6 +1,8 @@
 //! What the pipeline decided about a request, noted on the way, and its access log line.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::{Method, Request, StatusCode, Uri};
@@ -15,6 +17,9 @@ use crate::metrics::Outcome;
 #[derive(Default)]
 pub(super) struct Note<'a> {
     pub(super) route: Option<&'a Route>,
+    /// The request's resource: its route's fixed one (borrowed, no reference count on the
+    /// hot path), or the entity a template named.
+    pub(super) resource: Option<Cow<'a, Arc<Resource>>>,
     pub(super) outcome: Option<Outcome>,
     pub(super) token: Option<u64>,
     pub(super) upstream: Option<&'a str>,
@@ -24,6 +29,11 @@ impl Note<'_> {
     pub(super) fn set(&mut self, outcome: Outcome, token: Option<u64>) {
         self.outcome = Some(outcome);
         self.token = token;
+    }
+
+    /// The request's resource, once routing and the fence chose it.
+    pub(super) fn resource(&self) -> Option<&Resource> {
+        self.resource.as_deref().map(|r| &**r)
     }
 }
 
@@ -88,7 +98,7 @@ impl<'a> Logged<'a> {
 impl Drop for Logged<'_> {
     fn drop(&mut self) {
         let n = &self.note;
-        let resource = n.route.and_then(|r| r.resource.as_deref());
+        let resource = n.resource();
         let (status, outcome) = match self.status {
             Some(s) => (s.as_u16(), n.outcome.map_or("", Outcome::as_str)),
             None => CLIENT_CLOSED,

@@ -1,7 +1,9 @@
 //! The refusals and the token check of a matched route: everything in `handle` that can
 //! turn a request away, and the route table lookup.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -14,10 +16,11 @@ use super::request::{token_alias, RequestView};
 use super::upstream::Upstream;
 use super::{Note, Proxy, Route, Routed};
 use crate::admission::{Refused, Resource};
-use crate::config::{MissingToken, Pick};
+use crate::config::{MissingToken, PathMatch, Pick};
 use crate::drain::Ticket;
 use crate::metrics::Outcome;
 use crate::reject::{Context, Rejection, StoreStep};
+use crate::template::{Captures, RequestParts};
 use crate::token::FencingToken;
 
 impl Proxy {
@@ -33,7 +36,7 @@ impl Proxy {
     ) -> Response<Full<Bytes>> {
         note.set(Outcome::Stale, token);
         let m = &route.metrics;
-        let resource = route.resource.as_deref();
+        let resource = note.resource().or(route.resource.as_deref());
         if let Some(c) = &m.stale {
             c.inc();
         }
@@ -82,7 +85,10 @@ impl Proxy {
         );
         let ctx = Context {
             route: Some(&route.settings.name),
-            resource: route.resource.as_deref().map(Resource::name),
+            resource: note
+                .resource()
+                .or(route.resource.as_deref())
+                .map(Resource::name),
             token,
         };
         rejection.respond(ctx, grpc.as_ref())
@@ -101,7 +107,8 @@ impl Proxy {
         note: &mut Note<'_>,
     ) -> Response<Full<Bytes>> {
         note.set(outcome, token);
-        let resource = route.resource.as_deref();
+        // Refusals before the fence (405, 413, ...) name the route's fixed resource.
+        let resource = note.resource().or(route.resource.as_deref());
         let whole = match (&rejection, resource) {
             (Rejection::Stale { token, mark }, Some(r)) => {
                 self.stale_log
@@ -134,14 +141,18 @@ impl Proxy {
     }
 
     /// The token check of a matched route: `Ok((outcome, token))` to forward, or the refusal.
-    pub(super) async fn fence(
-        &self,
-        route: &Route,
+    /// The request's resource (the route's, or the entity its template names) goes into
+    /// `note`, for the refusal and the access log.
+    pub(super) async fn fence<'a>(
+        &'a self,
+        route: &'a Route,
         headers: &impl Fields,
+        target: &Target<'_>,
+        note: &mut Note<'a>,
     ) -> Result<(Outcome, Option<u64>, Option<Ticket>), (Rejection, Outcome, Option<u64>)> {
-        let Some(resource) = &route.resource else {
+        if !route.settings.guard {
             return Ok((Outcome::Passthrough, None, None));
-        };
+        }
         if token_alias(headers, &self.header).is_some() {
             return Err((Rejection::TokenAlias, Outcome::Malformed, None));
         }
@@ -164,6 +175,13 @@ impl Proxy {
             Ok(None) => return Err((Rejection::MissingToken, Outcome::Missing, None)),
             Err(e) => return Err((Rejection::MalformedToken(e), Outcome::Malformed, None)),
         };
+        // Only a request with a well-formed token names an entity: no store read for
+        // anything less.
+        note.resource = Some(match &route.resource {
+            Some(r) => Cow::Borrowed(r),
+            None => Cow::Owned(self.entity(route, headers, target, t).await?),
+        });
+        let resource: &Arc<Resource> = note.resource.as_deref().expect("set above");
         // The fast path decides at once; the slow one (an advance: persist, then drain) is
         // boxed, so that its state does not grow the future of every request, which hyper
         // moves whole.
@@ -223,6 +241,44 @@ impl Proxy {
         }
     }
 
+    /// The entity of a templated route that this request names, its mark loaded from the
+    /// store on first use.
+    async fn entity(
+        &self,
+        route: &Route,
+        headers: &impl Fields,
+        target: &Target<'_>,
+        t: FencingToken,
+    ) -> Result<Arc<Resource>, (Rejection, Outcome, Option<u64>)> {
+        let Some(template) = &route.settings.template else {
+            unreachable!("a guarded route has a resource or a template");
+        };
+        let captures = match &route.settings.path {
+            PathMatch::Pattern(p) => p.captures(target.key).unwrap_or_default(),
+            _ => Captures::default(),
+        };
+        let parts = Parts { target, headers };
+        let name = template
+            .fill(&captures, &parts)
+            .map_err(|e| (Rejection::BadResource(e), Outcome::Malformed, Some(t.get())))?;
+        self.admission
+            .entity(&name, &route.settings.resource)
+            .await
+            .map_err(|e| {
+                tracing::error!(
+                    route = %route.settings.name,
+                    resource = %name,
+                    error = %e,
+                    "mark store cannot load the mark; refusing the request"
+                );
+                let load = Rejection::StoreUnavailable {
+                    step: StoreStep::Load,
+                    mark: None,
+                };
+                (load, Outcome::Unavailable, Some(t.get()))
+            })
+    }
+
     pub(super) fn route(&self, method: &str, host: &str, key: &str) -> Routed<'_> {
         match crate::config::pick(&self.routes, |r| &r.settings, method, host, key) {
             Pick::To(r) => Routed::To(r),
@@ -256,5 +312,45 @@ impl Proxy {
             ..Context::default()
         };
         rejection.respond(ctx, grpc.as_ref())
+    }
+}
+
+/// What a resource template may read of a request besides its headers.
+pub(super) struct Target<'r> {
+    /// The path's match key (normal form, `;parameters` dropped).
+    pub(super) key: &'r str,
+    /// The host as routed (no port, no trailing dot).
+    pub(super) host: &'r str,
+    /// The request's path, for a gRPC call's service and method.
+    pub(super) path: &'r str,
+    /// Whether it is a gRPC call.
+    pub(super) grpc: bool,
+}
+
+struct Parts<'r, F> {
+    target: &'r Target<'r>,
+    headers: &'r F,
+}
+
+impl<F: Fields> RequestParts for Parts<'_, F> {
+    fn host(&self) -> Option<Cow<'_, str>> {
+        let h = self.target.host;
+        Some(if h.bytes().any(|b| b.is_ascii_uppercase()) {
+            Cow::Owned(h.to_ascii_lowercase())
+        } else {
+            Cow::Borrowed(h)
+        })
+    }
+
+    fn header_values(&self, name: &http::HeaderName) -> Vec<&[u8]> {
+        self.headers.values(name).collect()
+    }
+
+    fn path(&self) -> &str {
+        self.target.path
+    }
+
+    fn is_grpc(&self) -> bool {
+        self.target.grpc
     }
 }

@@ -215,7 +215,7 @@ impl Reloader {
             .open_resources(
                 next.routes
                     .iter()
-                    .filter(|r| r.guard)
+                    .filter(|r| r.guard && r.template.is_none())
                     .map(|r| r.resource.as_str()),
             )
             .await?;

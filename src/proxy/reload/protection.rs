@@ -85,9 +85,7 @@ const PROBE_HOST: &str = "palisade-probe.invalid";
 /// caller keeps those the running table really gives to `r`.
 fn probes(r: &RouteSettings, running: &Config, next: &Config) -> Vec<(String, String, String)> {
     let all = || running.routes.iter().chain(&next.routes);
-    let base = match &r.path {
-        PathMatch::Exact(p) | PathMatch::Prefix(p) => p.clone(),
-    };
+    let base = r.path.example(PROBE_SEGMENT);
     let mut paths = BTreeSet::new();
     let trimmed = base.trim_end_matches('/');
     paths.insert(base.clone());
@@ -95,11 +93,9 @@ fn probes(r: &RouteSettings, running: &Config, next: &Config) -> Vec<(String, St
     paths.insert(format!("{trimmed}.json"));
     paths.insert(format!("{trimmed}/{PROBE_SEGMENT}"));
     for n in all() {
-        let p = match &n.path {
-            PathMatch::Exact(p) | PathMatch::Prefix(p) => p,
-        };
-        paths.insert(p.clone());
+        let p = n.path.example(PROBE_SEGMENT);
         paths.insert(format!("{}/{PROBE_SEGMENT}", p.trim_end_matches('/')));
+        paths.insert(p);
     }
     paths.retain(|p| r.path.matches(p));
     let methods: BTreeSet<String> = match &r.methods {
@@ -128,6 +124,27 @@ fn probes(r: &RouteSettings, running: &Config, next: &Config) -> Vec<(String, St
     out
 }
 
+/// A probe request as a resource template sees it: a host and a path, no headers.
+struct Probe<'a> {
+    host: &'a str,
+    path: &'a str,
+}
+
+impl crate::template::RequestParts for Probe<'_> {
+    fn host(&self) -> Option<std::borrow::Cow<'_, str>> {
+        (self.host != PROBE_HOST).then_some(std::borrow::Cow::Borrowed(self.host))
+    }
+    fn header_values(&self, _: &http::HeaderName) -> Vec<&[u8]> {
+        Vec::new()
+    }
+    fn path(&self) -> &str {
+        self.path
+    }
+    fn is_grpc(&self) -> bool {
+        false
+    }
+}
+
 /// The plan for changing from `running` to `next`, with `mark` giving a resource's current
 /// mark (0: none; a resource without a mark loses nothing).
 pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan {
@@ -137,8 +154,10 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
     // A token sent in the old header is no token at all once the header changes.
     let header_changed = running.fencing.header != next.fencing.header;
     for r in running.routes.iter().filter(|r| r.guard) {
-        let m = mark(&r.resource);
-        if m == 0 {
+        // A templated route holds one mark per entity: assume they exist.
+        let keyed = r.template.is_some();
+        let m = if keyed { 0 } else { mark(&r.resource) };
+        if m == 0 && !keyed {
             continue;
         }
         let mut leak = None;
@@ -173,13 +192,70 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
                             }
                         ));
                     }
-                    if n.resource != r.resource
-                        && carried.insert((r.resource.clone(), n.resource.clone()))
-                    {
+                    if n.resource == r.resource {
+                        continue;
+                    }
+                    if keyed {
+                        if leak.is_none() {
+                            leak = Some(format!(
+                                "{} would go to route {:?} of resource {:?}: the marks of \
+                                 template {:?}, one per entity, cannot be carried over",
+                                shown(),
+                                n.name,
+                                n.resource,
+                                r.resource
+                            ));
+                        }
+                        continue;
+                    }
+                    let to = match &n.template {
+                        None => n.resource.clone(),
+                        // The entity this request names under the new template.
+                        Some(t) => {
+                            let filled = match &n.path {
+                                PathMatch::Pattern(p) => p.captures(&path).and_then(|c| {
+                                    t.fill(
+                                        &c,
+                                        &Probe {
+                                            host: &host,
+                                            path: &path,
+                                        },
+                                    )
+                                    .ok()
+                                }),
+                                _ => t
+                                    .fill(
+                                        &Default::default(),
+                                        &Probe {
+                                            host: &host,
+                                            path: &path,
+                                        },
+                                    )
+                                    .ok(),
+                            };
+                            match filled {
+                                Some(f) => f,
+                                None => {
+                                    if leak.is_none() {
+                                        leak = Some(format!(
+                                            "{} would go to route {:?}, whose resource {:?} \
+                                             depends on the request's headers: the mark cannot \
+                                             be carried over",
+                                            shown(),
+                                            n.name,
+                                            n.resource
+                                        ));
+                                    }
+                                    continue;
+                                }
+                            }
+                        }
+                    };
+                    if carried.insert((r.resource.clone(), to.clone())) {
                         out.carried.push(Carried {
                             route: r.name.clone(),
                             from: r.resource.clone(),
-                            to: n.resource.clone(),
+                            to,
                             mark: m,
                         });
                     }
@@ -218,9 +294,14 @@ pub fn explain(unprotected: &[Dropped]) -> String {
     let list: Vec<String> = unprotected
         .iter()
         .map(|d| {
+            let mark = if d.mark == 0 {
+                "one mark per entity".to_owned()
+            } else {
+                format!("mark {}", d.mark)
+            };
             format!(
-                "resource {:?} (mark {}, route {:?}) would lose its guard: {}",
-                d.resource, d.mark, d.route, d.why
+                "resource {:?} ({mark}, route {:?}) would lose its guard: {}",
+                d.resource, d.route, d.why
             )
         })
         .collect();
@@ -435,6 +516,36 @@ resource = "warehouse-7"
             assert_eq!(p.carried.len(), 1, "{p}");
             assert_eq!(p.carried[0].to, "wh/7");
         }
+    }
+
+    #[test]
+    fn templated_routes_keep_their_entities_marks_or_refuse() {
+        let keyed = r#"
+[[route]]
+name = "stock"
+upstream = "legacy"
+path_pattern = "/warehouses/{id}"
+resource = "warehouse/{id}"
+"#;
+        let old = config(&format!("{keyed}{CATCH_ALL}"));
+        assert_eq!(plan(&old, &old, |_| 0), Plan::default(), "same file");
+        // Gone, or moved to another template: its per-entity marks would be lost.
+        for new in [
+            config(CATCH_ALL),
+            config(&format!(
+                "{}{CATCH_ALL}",
+                keyed.replace("warehouse/{id}", "wh/{id}")
+            )),
+        ] {
+            let p = plan(&old, &new, |_| 0);
+            assert_eq!(p.unprotected.len(), 1, "{p}");
+            assert!(p.to_string().contains("one mark per entity"), "{p}");
+        }
+        // A fixed route replaced by a template: the mark goes to the entity it names.
+        let p = plan(&config(WH7), &config(keyed), marks);
+        assert!(p.unprotected.is_empty(), "{p}");
+        assert_eq!(p.carried.len(), 1, "{p}");
+        assert_eq!(p.carried[0].to, "warehouse/7");
     }
 
     trait Retire {

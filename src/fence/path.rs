@@ -173,6 +173,7 @@ fn hex_value(c: u8) -> u8 {
 
 /// Whether a normal-form path (see [`normalize`]) decodes to text that Unicode NFKC leaves
 /// unchanged. Paths without escapes are ASCII and always are.
+#[cfg(feature = "proxy")]
 pub fn is_nfkc(path: &str) -> bool {
     if !path.contains('%') {
         return true;
