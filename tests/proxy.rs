@@ -1121,6 +1121,76 @@ async fn a_templated_route_keeps_one_mark_per_entity() {
     again.shutdown().await;
 }
 
+async fn entities_beyond_max_cached_are_evicted_and_beyond_max_marks_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let text = support::render(KEYED, up.addr, &dir.path().join("m.json"))
+        .replace("store = \"file\"", "store = \"memory\"\nmax_cached = 8")
+        .replace("path = \"", "# path = \"")
+        .replace(
+            "resource = \"warehouse/{id}\"",
+            "resource = \"warehouse/{id}\"\nmax_marks = 1000",
+        );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let client = http1_client();
+    for i in 0..1000u64 {
+        let token = (100 + i).to_string();
+        let r = send(
+            &client,
+            Method::POST,
+            &proxy.url(&format!("/warehouses/{i}/stock/1")),
+            &[("x-fencing-token", token.as_bytes())],
+            b"",
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::OK, "warehouse {i}: {}", r.text());
+    }
+    // The 1001st entity: refused, nothing stored for it.
+    let full = post(&proxy.url("/warehouses/1000/stock/1"), Some("5000")).await;
+    assert_eq!(
+        full.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        full.text()
+    );
+    assert_eq!(full.json()["error"], "marks_full");
+    // The stored ones keep working, evicted or not: each zombie refused from the store's mark.
+    for i in [3u64, 500, 999] {
+        let zombie = post(
+            &proxy.url(&format!("/warehouses/{i}/stock/2")),
+            Some(&(99 + i).to_string()),
+        )
+        .await;
+        assert_eq!(zombie.status, StatusCode::CONFLICT, "warehouse {i}");
+        let owner = post(
+            &proxy.url(&format!("/warehouses/{i}/stock/2")),
+            Some(&(100 + i).to_string()),
+        )
+        .await;
+        assert_eq!(owner.status, StatusCode::OK, "warehouse {i}");
+    }
+    let m = proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="marks_full",route="stock"}"#
+        ),
+        Some(1.0)
+    );
+    let marks = proxy.marks().await;
+    assert!(
+        marks.as_object().unwrap().len() <= 9,
+        "{} in memory",
+        marks.as_object().unwrap().len()
+    );
+    assert_eq!(
+        up.log.len(),
+        1003,
+        "no zombie and no refused entity reached the upstream"
+    );
+    proxy.shutdown().await;
+}
+
 // Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
     stale_token_is_rejected_with_409_and_never_reaches_upstream,
@@ -1140,4 +1210,5 @@ support::on_both_paths!(
     the_proxy_passes_the_admission_table_over_http_and_grpc,
     a_path_prefix_stops_at_a_segment_boundary,
     a_templated_route_keeps_one_mark_per_entity,
+    entities_beyond_max_cached_are_evicted_and_beyond_max_marks_refused,
 );

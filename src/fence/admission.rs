@@ -18,7 +18,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 mod advance;
+mod entities;
 mod open;
+
+pub use entities::DEFAULT_MAX_CACHED;
 
 use self::advance::{advance, learn};
 use crate::confirm::Coalescer;
@@ -41,6 +44,10 @@ pub struct Resource {
     /// Resources a reload carried this one's mark over to: every advance of this one raises
     /// them too before it admits (see [`Admission::carry`]).
     carried_to: std::sync::Mutex<Vec<Arc<Resource>>>,
+    /// Used since the entity cache last looked (entities of templates only).
+    touched: entities::Touched,
+    /// The stored-marks budget of its template (entities only): taken by its first advance.
+    quota: std::sync::OnceLock<Arc<entities::Quota>>,
 }
 
 impl Resource {
@@ -74,6 +81,8 @@ impl Resource {
             confirm: Arc::default(),
             metrics,
             carried_to: std::sync::Mutex::default(),
+            touched: entities::Touched::default(),
+            quota: std::sync::OnceLock::new(),
         })
     }
 }
@@ -101,6 +110,15 @@ pub enum Refused {
         /// The resource's mark.
         mark: u64,
     },
+    /// A new entity of a template whose `max_marks` stored marks exist: its first mark is
+    /// not stored.
+    #[error("the template's limit of {limit} stored marks is reached")]
+    Full {
+        /// The refused token.
+        token: FencingToken,
+        /// The limit.
+        limit: u64,
+    },
     /// The store failed a step the verdict needed (the confirmation read, or making a higher
     /// token durable); the mark is unchanged.
     #[error("{step}")]
@@ -124,6 +142,8 @@ pub struct Admission {
     confirm_metrics: StoreMetrics,
     /// Applies advances made elsewhere (the store's watch); stopped on drop.
     learner: Option<tokio::task::JoinHandle<()>>,
+    /// The entities of resource templates in memory.
+    entities: entities::Entities,
 }
 
 impl Drop for Admission {
@@ -208,6 +228,7 @@ impl Admission {
             persist_metrics,
             confirm_metrics,
             learner,
+            entities: entities::Entities::default(),
         })
     }
 

@@ -225,6 +225,11 @@ impl Drain {
         }
     }
 
+    /// Requests admitted under the current mark and still in flight (a snapshot).
+    pub fn in_flight(&self) -> u64 {
+        ticket::requests(self.current.load().in_flight())
+    }
+
     /// Enters the current generation with `token`, which the caller found equal to the mark.
     #[inline]
     pub fn enter(&self, token: u64) -> Entry {

@@ -32,10 +32,13 @@ pub enum Outcome {
     MethodNotAllowed,
     /// The request body was larger than the route's `max_body_bytes`: 413.
     TooLarge,
+    /// A new entity of a templated route, refused because the route's `max_marks` stored
+    /// marks exist: 503 / RESOURCE_EXHAUSTED.
+    MarksFull,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 10] = [
+    const ALL: [Outcome; 11] = [
         Outcome::Admitted,
         Outcome::Passthrough,
         Outcome::Stale,
@@ -46,6 +49,7 @@ impl Outcome {
         Outcome::UpstreamError,
         Outcome::MethodNotAllowed,
         Outcome::TooLarge,
+        Outcome::MarksFull,
     ];
 
     /// The label value.
@@ -61,6 +65,7 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::MethodNotAllowed => "method_not_allowed",
             Outcome::TooLarge => "too_large",
+            Outcome::MarksFull => "marks_full",
         }
     }
 }
@@ -86,7 +91,7 @@ pub struct Metrics {
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
 #[derive(Debug, Clone)]
-pub struct Outcomes([IntCounter; 10]);
+pub struct Outcomes([IntCounter; 11]);
 
 impl Outcomes {
     /// Counts one request under `outcome`.

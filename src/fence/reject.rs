@@ -67,6 +67,15 @@ pub enum Rejection {
         /// loaded.
         mark: Option<u64>,
     },
+    /// A new entity of a templated route beyond its `max_marks` stored marks.
+    #[error(
+        "this route already stores its limit of {limit} marks (max_marks); a new entity is \
+         refused: a mark can never be forgotten, so the store would grow without bound"
+    )]
+    MarksFull {
+        /// The route's `max_marks`.
+        limit: u64,
+    },
     /// No route matches.
     #[error("no route matches this request")]
     NoRoute,
@@ -197,6 +206,11 @@ impl Rejection {
                 StatusCode::SERVICE_UNAVAILABLE,
                 UNAVAILABLE,
                 "store_unavailable",
+            ),
+            Rejection::MarksFull { .. } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                RESOURCE_EXHAUSTED,
+                "marks_full",
             ),
             Rejection::NoRoute => (StatusCode::NOT_FOUND, UNIMPLEMENTED, "no_route"),
             Rejection::UpstreamFailed(_) => {

@@ -133,6 +133,7 @@ impl App {
         resources.sort_unstable();
         resources.dedup();
         let admission = Arc::new(Admission::open(store, resources, &metrics).await?);
+        admission.set_max_cached(config.max_cached);
         let access_log = config
             .access_log
             .as_ref()

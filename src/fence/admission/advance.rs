@@ -27,6 +27,16 @@ pub(super) async fn advance(
         Verdict::Stale { mark } => return Err(Refused::Stale { token, mark }),
         Verdict::Advance { from } => from,
     };
+    // A new entity's first mark adds one to what its template stores: within its budget.
+    let quota = res.quota.get().filter(|_| from == 0);
+    if let Some(q) = quota {
+        if !q.take() {
+            return Err(Refused::Full {
+                token,
+                limit: q.limit(),
+            });
+        }
+    }
     let started = Instant::now();
     // A hung write (stalled disk, unreachable store) must fail closed, not stall every
     // advance of the resource behind the lock. A write that lands late only raises the
@@ -41,6 +51,9 @@ pub(super) async fn advance(
         Ok(stored) => stored,
         Err(source) => {
             metrics.errors.inc();
+            if let Some(q) = quota {
+                q.give_back();
+            }
             return Err(Refused::Unavailable {
                 token,
                 step: crate::reject::StoreStep::Persist { token: token.get() },
@@ -65,10 +78,25 @@ pub(super) async fn advance(
     }
     res.metrics.advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced");
+    let drained = res.drain.finish(&ticket, &old, drain_timeout).await;
+    res.metrics
+        .drain_duration
+        .observe(drained.waited.as_secs_f64());
+    if drained.aborted > 0 {
+        res.metrics.drain_timeouts.inc();
+        res.metrics.drain_aborted.inc_by(drained.aborted);
+        tracing::warn!(
+            resource = %res.name,
+            mark = now,
+            aborted = drained.aborted,
+            ?drain_timeout,
+            "requests of older owners still in flight after the drain time were aborted"
+        );
+    }
     // The resources a reload carried this mark over to take this token too, before the
     // request is admitted: a request routed by the old table must not let a zombie in through
-    // the new one. Without this resource's lock (no lock order to get wrong; a raise that
-    // finds the token already there stops).
+    // the new one. After the drain (which needs this resource's lock) and without the lock
+    // (no lock order to get wrong; a raise that finds the token already there stops).
     drop(serialized);
     let carried: Vec<Arc<Resource>> = res
         .carried_to
@@ -88,21 +116,6 @@ pub(super) async fn advance(
             Ok(_) | Err(Refused::Stale { .. }) => {}
             Err(e) => return Err(e),
         }
-    }
-    let drained = res.drain.finish(&ticket, &old, drain_timeout).await;
-    res.metrics
-        .drain_duration
-        .observe(drained.waited.as_secs_f64());
-    if drained.aborted > 0 {
-        res.metrics.drain_timeouts.inc();
-        res.metrics.drain_aborted.inc_by(drained.aborted);
-        tracing::warn!(
-            resource = %res.name,
-            mark = now,
-            aborted = drained.aborted,
-            ?drain_timeout,
-            "requests of older owners still in flight after the drain time were aborted"
-        );
     }
     Ok(Some((Admitted::Advanced { from }, ticket)))
 }

@@ -50,23 +50,7 @@ impl Admission {
         self.open_with(names, None).await
     }
 
-    /// The entity `name` of the resource template `template`, its mark loaded from the store
-    /// the first time it is asked for. Its metrics are the template's (no per-entity series).
-    ///
-    /// # Errors
-    /// The store's error when the mark cannot be loaded: the entity is not guarded on a
-    /// guess.
-    pub async fn entity(&self, name: &str, template: &str) -> Result<Arc<Resource>, StoreError> {
-        if let Some(r) = self.resource(name) {
-            return Ok(r);
-        }
-        self.open_with([name], Some(template)).await?;
-        Ok(self
-            .resource(name)
-            .expect("open_with inserts every name it was given"))
-    }
-
-    async fn open_with<I, S>(
+    pub(super) async fn open_with<I, S>(
         &self,
         names: I,
         template: Option<&str>,

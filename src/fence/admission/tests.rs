@@ -184,3 +184,96 @@ async fn a_carried_mark_follows_every_later_advance_of_its_source() {
     adm.admit(&old, t(150), D).await.unwrap();
     assert_eq!(new.mark(), 140);
 }
+
+/// A memory store that counts its reads.
+#[derive(Default)]
+struct Counting {
+    inner: MemoryStore,
+    reads: std::sync::atomic::AtomicUsize,
+    slow: std::sync::atomic::AtomicBool,
+}
+
+impl MarkStore for Counting {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+    fn load(&self) -> crate::marks::BoxFuture<'_, Result<Marks, StoreError>> {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Box::pin(async move {
+            // A slow read when asked, so that first uses really overlap.
+            if self.slow.load(std::sync::atomic::Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            self.inner.load().await
+        })
+    }
+    fn persist<'a>(
+        &'a self,
+        resource: &'a str,
+        mark: u64,
+    ) -> crate::marks::BoxFuture<'a, Result<u64, StoreError>> {
+        self.inner.persist(resource, mark)
+    }
+    fn ready(&self) -> crate::marks::BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.ready()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entities_are_evicted_when_idle_and_read_back_before_their_next_admission() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let store = Arc::new(Counting::default());
+    let adm = Arc::new(
+        Admission::open(store.clone(), Vec::<String>::new(), &metrics)
+            .await
+            .unwrap(),
+    );
+    adm.set_max_cached(8);
+    for i in 0..1000u64 {
+        let e = adm.entity(&format!("w/{i}"), "w/{id}").await.unwrap();
+        adm.admit(&e, t(100 + i), D).await.unwrap();
+    }
+    let (cached, loaded, evicted) = adm.entity_counts();
+    assert!(cached <= 9, "{cached} in memory");
+    assert_eq!(loaded, 1000);
+    assert!(evicted >= 991, "{evicted} evicted");
+    assert!(adm.resource("w/3").is_none(), "evicted");
+    // An evicted entity's zombie: its mark is read back from the store, never guessed.
+    let e = adm.entity("w/3", "w/{id}").await.unwrap();
+    assert_eq!(e.mark(), 103);
+    assert!(matches!(
+        adm.admit(&e, t(102), D).await,
+        Err(Refused::Stale { mark: 103, .. })
+    ));
+    // An entity with a request in flight is not evicted under it.
+    let held = adm.entity("w/999", "w/{id}").await.unwrap();
+    let (_, ticket) = adm.admit(&held, t(1099), D).await.unwrap();
+    for i in 1000..1100u64 {
+        let _ = adm.entity(&format!("w/{i}"), "w/{id}").await.unwrap();
+    }
+    assert!(
+        Arc::ptr_eq(&adm.resource("w/999").unwrap(), &held),
+        "kept while in flight"
+    );
+    drop(ticket);
+    // Concurrent first uses of one entity share one store read.
+    store.slow.store(true, SeqCst);
+    let before = store.reads.load(SeqCst);
+    let firsts: Vec<_> = (0..20)
+        .map(|_| {
+            let adm = Arc::clone(&adm);
+            tokio::spawn(async move { adm.entity("fresh", "w/{id}").await.unwrap() })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for f in firsts {
+        got.push(f.await.unwrap());
+    }
+    assert_eq!(
+        store.reads.load(SeqCst) - before,
+        1,
+        "one read for 20 first uses"
+    );
+    assert!(got.iter().all(|r| Arc::ptr_eq(r, &got[0])), "one resource");
+}

@@ -90,6 +90,7 @@ struct Settings {
     which: Which,
     missing: MissingToken,
     drain_timeout: Duration,
+    max_marks: Option<u64>,
 }
 
 /// Fences the wrapped service (see the module docs).
@@ -117,6 +118,7 @@ impl FenceLayer {
                 which: Which::Fixed(resource.into(), Arc::default()),
                 missing: MissingToken::Reject,
                 drain_timeout: Duration::from_secs(2),
+                max_marks: None,
             }),
         }
     }
@@ -141,6 +143,13 @@ impl FenceLayer {
     /// proxy's `path_pattern` and `resource` (see [`crate::template`]).
     pub fn with_template(self, pattern: PathPattern, template: ResourceTemplate) -> Self {
         self.with(|s| s.which = Which::Template(Arc::new((pattern, template))))
+    }
+
+    /// With [`FenceLayer::with_template`]: at most `max` stored marks for the template; a
+    /// new entity beyond it is refused (503, gRPC RESOURCE_EXHAUSTED). Without it the
+    /// template's marks are not bounded.
+    pub fn with_max_marks(self, max: u64) -> Self {
+        self.with(|s| s.max_marks = Some(max))
     }
 
     /// The header (and gRPC metadata key) carrying the token.
@@ -320,6 +329,11 @@ fn decide_now(
     };
     Some(match s.admission.admit_now(resource, token)? {
         Ok(ticket) => Ok(Some((token, ticket))),
+        Err(Refused::Full { limit, .. }) => Err((
+            Rejection::MarksFull { limit },
+            Some(Arc::clone(resource)),
+            Some(token.get()),
+        )),
         Err(Refused::Stale { mark, .. }) => Err((
             Rejection::Stale {
                 token: token.get(),
@@ -382,7 +396,7 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
         },
         (Which::Template(t), Some(name)) => s
             .admission
-            .entity(&name, t.1.as_str())
+            .entity_within(&name, &t.1, s.max_marks)
             .await
             .map_err(unavailable)?,
         (_, Some(name)) => s
@@ -394,6 +408,11 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
     };
     match s.admission.admit(&resource, token, s.drain_timeout).await {
         Ok((_, ticket)) => Ok(Some((token, ticket))),
+        Err(Refused::Full { limit, .. }) => Err((
+            Rejection::MarksFull { limit },
+            Some(resource),
+            Some(token.get()),
+        )),
         Err(Refused::Stale { mark, .. }) => Err((
             Rejection::Stale {
                 token: token.get(),

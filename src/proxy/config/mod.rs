@@ -48,6 +48,9 @@ pub struct Config {
     /// reload that stops guarding a resource with a mark is refused unless it is listed here
     /// (see [`crate::reload`]); their marks stay in the store.
     pub retired: Vec<String>,
+    /// `[marks] max_cached`: entities of resource templates kept in memory (default
+    /// 100000); idle ones beyond it are evicted and read from the store again when needed.
+    pub max_cached: usize,
     /// Upstreams, in file order.
     pub upstreams: Vec<UpstreamSettings>,
     /// Routes, in file order (first match wins).
@@ -259,6 +262,9 @@ pub struct RouteSettings {
     pub resource: String,
     /// `resource` when it has placeholders (`warehouse/{id}`): one mark per filled name.
     pub template: Option<ResourceTemplate>,
+    /// `max_marks`: stored marks a templated route may hold (default 1000000); a new entity
+    /// beyond it is refused (503 `marks_full`). `None` for a fixed resource.
+    pub max_marks: Option<u64>,
     /// `guard`.
     pub guard: bool,
     /// `missing_token`.
@@ -363,6 +369,9 @@ pub enum GetBodies {
     Forward,
 }
 
+/// Default `max_marks` of a templated route.
+pub const DEFAULT_MAX_MARKS: u64 = 1_000_000;
+
 /// The default admin address: loopback only.
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9901";
 
@@ -406,8 +415,10 @@ impl Config {
                     .map_or_else(String::new, |h| format!(" host {h},"));
                 let what = if r.guard && r.template.is_some() {
                     format!(
-                        "guarded by one mark per entity, resource template {:?}",
-                        r.resource
+                        "guarded by one mark per entity, resource template {:?}, at most {} \
+                         stored marks (max_marks; new entities beyond are refused with 503)",
+                        r.resource,
+                        r.max_marks.unwrap_or(DEFAULT_MAX_MARKS)
                     )
                 } else if r.guard {
                     format!("guarded by the mark of resource {:?}", r.resource)

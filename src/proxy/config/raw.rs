@@ -78,6 +78,7 @@ pub(super) struct Marks {
     pub(super) etcd: Option<super::etcd::Raw>,
     #[serde(default)]
     pub(super) retired: Vec<Spanned<String>>,
+    pub(super) max_cached: Option<Spanned<usize>>,
 }
 
 #[derive(Deserialize)]
@@ -129,6 +130,7 @@ pub(super) struct Route {
     pub(super) websocket: Option<Spanned<bool>>,
     #[serde(default)]
     pub(super) allow_unguarded_tunnel: bool,
+    pub(super) max_marks: Option<Spanned<u64>>,
 }
 
 /// `[proxy] http1_fast_path` when the file does not say (see `ProxySettings::http1_fast_path`).

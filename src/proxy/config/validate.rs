@@ -29,6 +29,15 @@ impl Validator<'_> {
                 retired.push(r.into_inner());
             }
         }
+        let max_cached = keep(
+            &mut errors,
+            self.positive(
+                raw.marks.max_cached.take(),
+                "marks.max_cached",
+                crate::admission::DEFAULT_MAX_CACHED,
+            ),
+        )
+        .unwrap_or(crate::admission::DEFAULT_MAX_CACHED);
         let marks = keep(&mut errors, self.marks(raw.marks));
 
         let mut upstreams: Vec<UpstreamSettings> = Vec::with_capacity(raw.upstream.len());
@@ -95,6 +104,7 @@ impl Validator<'_> {
             fencing: FencingSettings { header },
             marks,
             retired,
+            max_cached,
             upstreams,
             routes,
             access_log,
@@ -342,6 +352,20 @@ impl Validator<'_> {
                 (res.into_inner(), template)
             }
         };
+        let max_marks = match r.max_marks {
+            Some(m) if template.is_none() || !r.guard => {
+                return Err(self.at(
+                    &m,
+                    key("max_marks"),
+                    "only used on a guarded route whose resource is a template",
+                ))
+            }
+            Some(m) if *m.get_ref() == 0 => {
+                return Err(self.at(&m, key("max_marks"), "must be at least 1"))
+            }
+            Some(m) => Some(m.into_inner()),
+            None => template.as_ref().map(|_| super::DEFAULT_MAX_MARKS),
+        };
         let max_token = match r.max_token {
             Some(m) if *m.get_ref() == 0 => {
                 return Err(self.at(&m, key("max_token"), "must be at least 1"))
@@ -382,6 +406,7 @@ impl Validator<'_> {
             host,
             resource,
             template,
+            max_marks,
             guard: r.guard,
             missing_token: r.missing_token,
             strip_token: r.strip_token,

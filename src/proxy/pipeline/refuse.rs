@@ -196,6 +196,11 @@ impl Proxy {
         };
         match decided {
             Ok(ticket) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
+            Err(Refused::Full { limit, .. }) => Err((
+                Rejection::MarksFull { limit },
+                Outcome::MarksFull,
+                Some(t.get()),
+            )),
             Err(Refused::Stale { mark, .. }) => {
                 if let Some(c) = &route.metrics.stale {
                     c.inc();
@@ -262,7 +267,7 @@ impl Proxy {
             .fill(&captures, &parts)
             .map_err(|e| (Rejection::BadResource(e), Outcome::Malformed, Some(t.get())))?;
         self.admission
-            .entity(&name, &route.settings.resource)
+            .entity_within(&name, template, route.settings.max_marks)
             .await
             .map_err(|e| {
                 tracing::error!(

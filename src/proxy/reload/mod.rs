@@ -250,6 +250,7 @@ impl Reloader {
             Some(&previous),
             access_log,
         );
+        i.admission.set_max_cached(next.max_cached);
         i.current.store(Arc::new(proxy));
         if let (Some(listener), Some(tls)) = (&i.tls, &next.proxy.tls) {
             listener.store(Arc::clone(&tls.server));

@@ -1,0 +1,236 @@
+//! The entities of resource templates in memory: created on first use, evicted when idle
+//! under `[marks] max_cached`, read again from the store before their next admission.
+//!
+//! An entity is idle, and may be evicted, when nothing but the resource table holds it (no
+//! request has it in hand, no advance or drain of it runs: each of those holds a reference),
+//! no request admitted under its mark is in flight, and its advance lock is free. Its mark is
+//! durable by then (an advance persists before it publishes), so the store's copy is the
+//! truth and the next request reads it back: never a guess. Concurrent first uses of one
+//! entity share one store read. Eviction is a second-chance (clock) queue: an entity used
+//! since it was last looked at gets another round.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, Weak};
+
+use super::{Admission, Resource};
+use crate::marks::StoreError;
+
+/// Default `[marks] max_cached`: entities kept in memory.
+pub const DEFAULT_MAX_CACHED: usize = 100_000;
+
+/// The in-memory side of the entities (see the module docs).
+#[derive(Debug)]
+pub(super) struct Entities {
+    max: AtomicUsize,
+    count: AtomicUsize,
+    queue: Mutex<VecDeque<Weak<Resource>>>,
+    /// One gate per entity being loaded: the first caller reads the store, the others wait.
+    loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The stored-marks budget of each template, counted from the store at first use.
+    quotas: tokio::sync::Mutex<HashMap<String, Arc<Quota>>>,
+    /// Loads from the store and evictions, for metrics and tests.
+    pub(super) loaded: AtomicUsize,
+    pub(super) evicted: AtomicUsize,
+}
+
+impl Default for Entities {
+    fn default() -> Self {
+        Self {
+            max: AtomicUsize::new(DEFAULT_MAX_CACHED),
+            count: AtomicUsize::new(0),
+            queue: Mutex::default(),
+            loading: Mutex::default(),
+            quotas: tokio::sync::Mutex::default(),
+            loaded: AtomicUsize::new(0),
+            evicted: AtomicUsize::new(0),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How many marks a template may store, and how many it does (this process's count: the
+/// store's at first use, plus every new entity's first advance since).
+#[derive(Debug)]
+pub(super) struct Quota {
+    limit: u64,
+    used: std::sync::atomic::AtomicU64,
+}
+
+impl Quota {
+    /// Takes one stored mark; `false` when the limit is reached.
+    pub(super) fn take(&self) -> bool {
+        self.used
+            .fetch_update(Relaxed, Relaxed, |u| (u < self.limit).then_some(u + 1))
+            .is_ok()
+    }
+
+    /// Gives back what `take` took (the write failed).
+    pub(super) fn give_back(&self) {
+        let _ = self
+            .used
+            .fetch_update(Relaxed, Relaxed, |u| Some(u.saturating_sub(1)));
+    }
+
+    pub(super) fn limit(&self) -> u64 {
+        self.limit
+    }
+}
+
+/// Marks an entity as used, for the second-chance queue.
+#[derive(Debug, Default)]
+pub(super) struct Touched(AtomicBool);
+
+impl Admission {
+    /// Keeps at most `max` entities of resource templates in memory (at least 1).
+    pub fn set_max_cached(&self, max: usize) {
+        self.entities.max.store(max.max(1), Relaxed);
+    }
+
+    /// Entities in memory now, loaded from the store so far, and evicted so far.
+    pub fn entity_counts(&self) -> (usize, usize, usize) {
+        let e = &self.entities;
+        (
+            e.count.load(Relaxed),
+            e.loaded.load(Relaxed),
+            e.evicted.load(Relaxed),
+        )
+    }
+
+    /// The entity `name` of the resource template `template`, its mark loaded from the store
+    /// the first time it is asked for, and again after it was evicted. Its metrics are the
+    /// template's (no per-entity series).
+    ///
+    /// # Errors
+    /// The store's error when the mark cannot be loaded: the entity is not guarded on a
+    /// guess.
+    pub async fn entity(&self, name: &str, template: &str) -> Result<Arc<Resource>, StoreError> {
+        self.entity_inner(name, template).await
+    }
+
+    /// [`Admission::entity`] for a template that may store at most `max_marks` marks: a new
+    /// entity's first advance beyond that is refused ([`super::Refused::Full`]). The count
+    /// starts from the marks the store holds for the template's names.
+    ///
+    /// # Errors
+    /// As [`Admission::entity`].
+    pub async fn entity_within(
+        &self,
+        name: &str,
+        template: &crate::template::ResourceTemplate,
+        max_marks: Option<u64>,
+    ) -> Result<Arc<Resource>, StoreError> {
+        let entity = self.entity_inner(name, template.as_str()).await?;
+        if let Some(limit) = max_marks {
+            if entity.quota.get().is_none() {
+                let q = self.quota(template, limit).await?;
+                let _ = entity.quota.set(q);
+            }
+        }
+        Ok(entity)
+    }
+
+    async fn quota(
+        &self,
+        template: &crate::template::ResourceTemplate,
+        limit: u64,
+    ) -> Result<Arc<Quota>, StoreError> {
+        let mut quotas = self.entities.quotas.lock().await;
+        if let Some(q) = quotas.get(template.as_str()) {
+            return Ok(Arc::clone(q));
+        }
+        let stored = self
+            .store
+            .load()
+            .await?
+            .into_iter()
+            .filter(|(n, m)| *m > 0 && template.could_produce(n))
+            .count() as u64;
+        let q = Arc::new(Quota {
+            limit,
+            used: std::sync::atomic::AtomicU64::new(stored),
+        });
+        quotas.insert(template.as_str().to_owned(), Arc::clone(&q));
+        Ok(q)
+    }
+
+    async fn entity_inner(&self, name: &str, template: &str) -> Result<Arc<Resource>, StoreError> {
+        if let Some(r) = self.resource(name) {
+            r.touched.0.store(true, Relaxed);
+            return Ok(r);
+        }
+        let gate = {
+            let mut loading = lock(&self.entities.loading);
+            Arc::clone(loading.entry(name.to_owned()).or_default())
+        };
+        let opened = {
+            let _first = gate.lock().await;
+            self.load_entity(name, template).await
+        };
+        {
+            let mut loading = lock(&self.entities.loading);
+            // The map's and ours: nobody else waits at this gate.
+            if loading.get(name).is_some_and(|g| Arc::strong_count(g) == 2) {
+                loading.remove(name);
+            }
+        }
+        drop(gate);
+        let entity = opened?;
+        self.evict_idle();
+        Ok(entity)
+    }
+
+    async fn load_entity(&self, name: &str, template: &str) -> Result<Arc<Resource>, StoreError> {
+        if let Some(r) = self.resource(name) {
+            return Ok(r); // loaded by the caller that went first
+        }
+        let opened = self.open_with([name], Some(template)).await?;
+        let entity = self
+            .resource(name)
+            .expect("open_with inserts every name it was given");
+        if !opened.is_empty() {
+            self.entities.loaded.fetch_add(1, Relaxed);
+            self.entities.count.fetch_add(1, Relaxed);
+            lock(&self.entities.queue).push_back(Arc::downgrade(&entity));
+        }
+        Ok(entity)
+    }
+
+    /// Evicts idle entities until at most `max_cached` remain (or none is idle).
+    fn evict_idle(&self) {
+        let e = &self.entities;
+        let max = e.max.load(Relaxed);
+        if e.count.load(Relaxed) <= max {
+            return;
+        }
+        let mut queue = lock(&e.queue);
+        // Two rounds at most: the first clears the second-chance bits.
+        let mut budget = queue.len() * 2;
+        while e.count.load(Relaxed) > max && budget > 0 {
+            budget -= 1;
+            let Some(weak) = queue.pop_front() else { break };
+            let Some(r) = weak.upgrade() else { continue };
+            if r.touched.0.swap(false, Relaxed) {
+                queue.push_back(weak);
+                continue;
+            }
+            let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
+            // With the table locked nobody can take a new reference: the table's and `r` are
+            // all there are when no request, advance or drain holds it.
+            let idle = Arc::strong_count(&r) == 2
+                && r.drain.in_flight() == 0
+                && r.advancing.try_lock().is_ok();
+            if idle {
+                map.remove(r.name());
+                e.count.fetch_sub(1, Relaxed);
+                e.evicted.fetch_add(1, Relaxed);
+            } else {
+                drop(map);
+                queue.push_back(weak);
+            }
+        }
+    }
+}
