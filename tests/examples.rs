@@ -162,6 +162,21 @@ fn proxy_legacy_with_an_unguarded_route_lets_the_stale_write_through() {
 }
 
 #[test]
+fn warehouses_refuses_the_zombie_of_one_warehouse_and_no_other_owner() {
+    let run = refuses_the_zombie("warehouses");
+    assert!(
+        run.output.contains("no other warehouse's owner was") && run.output.contains(": 0 refused"),
+        "{}",
+        run.output
+    );
+}
+
+#[test]
+fn warehouses_unguarded_lets_the_stale_write_through() {
+    lets_the_stale_write_through("warehouses");
+}
+
+#[test]
 fn demo_is_still_the_readme_s_first_command() {
     let run = refuses_the_zombie("demo");
     // Its output went to a file, not a terminal: no colour codes in it.
