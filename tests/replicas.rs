@@ -10,6 +10,7 @@ mod support;
 mod etcd;
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -1086,4 +1087,174 @@ async fn palisade_marks_lists_and_repairs_marks_in_etcd_with_an_audit_record() {
     );
     let (_, out, _) = marks(&["list"]);
     assert!(!out.contains("audit") && !out.contains("corrupt"), "{out}");
+}
+
+/// A zombie owner as a real process: `palisade lock` running a python job that POSTs to
+/// `url` with its token every 30 ms and prints each status.
+const ZOMBIE_JOB: &str = r#"
+import os, sys, time, urllib.request, urllib.error
+url, token = os.environ["URL"], os.environ["PALISADE_FENCING_TOKEN"]
+print("token", token, os.getpgrp(), flush=True)
+while True:
+    req = urllib.request.Request(url, data=b"zombie", method="POST", headers={"x-fencing-token": token})
+    try:
+        status = urllib.request.urlopen(req, timeout=5).status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    print("status", status, flush=True)
+    time.sleep(0.03)
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_warehouses_with_real_locks_no_false_rejection_and_every_zombie_refused() {
+    use palisade::provider::etcd::EtcdProvider;
+    use palisade::{LockService, Provider, SessionOptions};
+    use std::io::BufRead;
+    let _serial = SERIAL.lock().await;
+    let etcd = etcd::Etcd::single().await;
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+[marks]
+store = "file"
+path = "marks.json"
+[[upstream]]
+name = "inventory"
+url = "http://{}"
+[[route]]
+name = "stock"
+upstream = "inventory"
+path_pattern = "/warehouses/{{id}}/stock"
+resource = "warehouse/{{id}}"
+"#,
+        up.addr
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let client = etcd.client().await;
+    let provider = EtcdProvider::new(&client);
+    let options = || {
+        SessionOptions::new()
+            .with_ttl(Duration::from_secs(2))
+            .with_namespace("/wh50")
+    };
+    let url = |id: u64| format!("http://{}/warehouses/{id}/stock", proxy.addr);
+    // Warehouses 1-3: a zombie-to-be as a real process, holding its lock.
+    let mut zombies = Vec::new();
+    for id in 1..=3u64 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"))
+            .args([
+                "lock",
+                "--endpoints",
+                &etcd.endpoint(),
+                "--namespace",
+                "/wh50",
+                "--ttl",
+                "2",
+            ])
+            .arg(format!("warehouse/{id}"))
+            .args(["--", "python3", "-c", ZOMBIE_JOB])
+            .env("URL", url(id))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        let mut words = first.strip_prefix("token ").unwrap().split(' ');
+        let token: u64 = words.next().unwrap().parse().unwrap();
+        // The job's own process group (the watchdog's), beside palisade's.
+        let job_group: u32 = words.next().unwrap().parse().unwrap();
+        // Its first write is admitted.
+        assert_eq!(
+            lines.next().unwrap().unwrap(),
+            "status 200",
+            "warehouse {id}"
+        );
+        zombies.push((id, child, lines, token, job_group));
+    }
+    // Warehouses 4-50: owners in this process, locked in order, writing newest token first.
+    let mut owners = Vec::new();
+    for id in 4..=50u64 {
+        let s = provider.session(options()).await.unwrap();
+        let g = s.lock(&format!("warehouse/{id}")).await.unwrap();
+        owners.push((id, s, g));
+    }
+    let mut false_rejections = Vec::new();
+    for (id, _, g) in owners.iter().rev() {
+        let r = post(&url(*id), Some(&g.token().to_string())).await;
+        if r.status != 200 {
+            false_rejections.push((*id, r.status));
+        }
+    }
+    // The zombies freeze whole (supervisor and job): their leases run out, and a new owner
+    // takes each warehouse and writes before a zombie wakes.
+    for (_, child, _, _, job) in &zombies {
+        kill("-STOP", &format!("-{}", child.id()));
+        kill("-STOP", &format!("-{job}"));
+    }
+    let mut new_owners = Vec::new();
+    for (id, _, _, old, _) in &zombies {
+        let s = provider.session(options()).await.unwrap();
+        let g = tokio::time::timeout(Duration::from_secs(20), s.lock(&format!("warehouse/{id}")))
+            .await
+            .expect("the frozen owner's lease runs out")
+            .unwrap();
+        assert!(g.token().get() > *old);
+        let r = post(&url(*id), Some(&g.token().to_string())).await;
+        assert_eq!(r.status, 200, "new owner of warehouse {id}");
+        new_owners.push((s, g));
+    }
+    // Zombies wake (the job alone: a supervisor that woke would stop it) and write again,
+    // while the other owners keep writing with their older tokens.
+    for (_, _, _, _, job) in &zombies {
+        kill("-CONT", &format!("-{job}"));
+    }
+    for (id, _, g) in &owners {
+        let r = post(&url(*id), Some(&g.token().to_string())).await;
+        if r.status != 200 {
+            false_rejections.push((*id, r.status));
+        }
+    }
+    for (id, child, lines, _, job) in &mut zombies {
+        // A write answered just before the freeze may be printed after it; from the first
+        // refusal on, every one is refused.
+        let mut refused = 0;
+        while refused < 3 {
+            match lines.next() {
+                Some(Ok(l)) if l == "status 409" => refused += 1,
+                Some(Ok(l)) if l == "status 200" && refused == 0 => {}
+                Some(Ok(l)) => panic!("warehouse {id}'s zombie got {l}"),
+                other => panic!("warehouse {id}'s zombie ended: {other:?}"),
+            }
+        }
+        for group in [child.id(), *job] {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{group}")])
+                .status();
+        }
+        let _ = child.wait();
+    }
+    assert!(false_rejections.is_empty(), "{false_rejections:?}");
+    // The upstream never applied a zombie's token after its warehouse's newer owner's.
+    let mut newest: std::collections::HashMap<String, u64> = Default::default();
+    for s in up.log.all() {
+        let t: u64 = s.token.as_deref().unwrap().parse().unwrap();
+        let last = newest.entry(s.path.clone()).or_default();
+        assert!(t >= *last, "{}: token {t} after {last}", s.path);
+        *last = t;
+    }
+    proxy.shutdown().await;
+}
+
+fn kill(sig: &str, target: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, "--", target])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {target}");
 }
