@@ -171,8 +171,7 @@ guard = {guard}
     let applied = applied.lock().unwrap();
     let last_7 = applied
         .iter()
-        .filter(|w| w.starts_with("/warehouses/7/"))
-        .next_back()
+        .rfind(|w| w.starts_with("/warehouses/7/"))
         .cloned();
     println!(
         "\nlast write the inventory applied to warehouse 7: {}",
