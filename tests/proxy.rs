@@ -1070,6 +1070,15 @@ async fn a_templated_route_keeps_one_mark_per_entity() {
         (marks["warehouse/7"].clone(), marks["warehouse/8"].clone()),
         (51.into(), 40.into())
     );
+    // The store's marks, paged by name.
+    let page = get(&format!(
+        "http://{}/marks?prefix=warehouse/&limit=1",
+        proxy.admin
+    ))
+    .await;
+    assert_eq!(page.json(), serde_json::json!({"warehouse/7": 51}));
+    let bad = get(&format!("http://{}/marks?limit=0", proxy.admin)).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
     // A resource from a header: missing or repeated is a 400, never a guess.
     let r = send(
         &http1_client(),
@@ -1182,6 +1191,11 @@ async fn entities_beyond_max_cached_are_evicted_and_beyond_max_marks_refused() {
         marks.as_object().unwrap().len() <= 9,
         "{} in memory",
         marks.as_object().unwrap().len()
+    );
+    assert!(
+        metric(&m, "palisade_entities_evicted_total").unwrap() >= 990.0
+            && metric(&m, "palisade_entities_cached").unwrap() <= 9.0,
+        "{m}"
     );
     assert_eq!(
         up.log.len(),

@@ -1087,6 +1087,8 @@ async fn palisade_marks_lists_and_repairs_marks_in_etcd_with_an_audit_record() {
     );
     let (_, out, _) = marks(&["list"]);
     assert!(!out.contains("audit") && !out.contains("corrupt"), "{out}");
+    let (_, out, _) = marks(&["list", "--prefix", "st", "--limit", "5"]);
+    assert!(out.contains("stock") && !out.contains("orders"), "{out}");
 }
 
 /// A zombie owner as a real process: `palisade lock` running a python job that POSTs to

@@ -87,6 +87,19 @@ pub struct Metrics {
     drain_duration: HistogramVec,
     drain_timeouts: IntCounterVec,
     drain_aborted: IntCounterVec,
+    entities: EntityMetrics,
+}
+
+/// The entities of resource templates in memory (`[marks] max_cached`).
+#[derive(Debug, Clone)]
+pub struct EntityMetrics {
+    /// `palisade_entities_cached`: entities in memory now.
+    pub cached: IntGauge,
+    /// `palisade_entities_loaded_total`: marks of entities read from the store on first use
+    /// (or after an eviction).
+    pub loaded: IntCounter,
+    /// `palisade_entities_evicted_total`: idle entities dropped from memory.
+    pub evicted: IntCounter,
 }
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
@@ -265,6 +278,23 @@ impl Metrics {
             ),
             &["resource"],
         )?;
+        let entities = EntityMetrics {
+            cached: IntGauge::new(
+                "palisade_entities_cached",
+                "Entities of resource templates whose marks are in memory now.",
+            )?,
+            loaded: IntCounter::new(
+                "palisade_entities_loaded_total",
+                "Entity marks read from the store on first use or after an eviction.",
+            )?,
+            evicted: IntCounter::new(
+                "palisade_entities_evicted_total",
+                "Idle entities dropped from memory under [marks] max_cached.",
+            )?,
+        };
+        registry.register(Box::new(entities.cached.clone()))?;
+        registry.register(Box::new(entities.loaded.clone()))?;
+        registry.register(Box::new(entities.evicted.clone()))?;
         registry.register(Box::new(drain_duration.clone()))?;
         registry.register(Box::new(drain_timeouts.clone()))?;
         registry.register(Box::new(drain_aborted.clone()))?;
@@ -293,7 +323,13 @@ impl Metrics {
             drain_duration,
             drain_timeouts,
             drain_aborted,
+            entities,
         })
+    }
+
+    /// The entity cache's handles.
+    pub fn entities(&self) -> EntityMetrics {
+        self.entities.clone()
     }
 
     /// Connection handles for the listener named `listener`.

@@ -65,8 +65,24 @@ impl Admin {
                 ),
             },
             "/marks" => {
-                let body = serde_json::to_string(&self.admission.marks())
-                    .expect("a map of integers serializes");
+                let marks = match marks_query(req.uri().query()) {
+                    // The resources in memory (fixed ones, and entities in the cache).
+                    None => self.admission.marks(),
+                    // The store's, paged: entities evicted from memory included.
+                    Some(Ok((prefix, limit))) => {
+                        match self.admission.store().list(&prefix, limit).await {
+                            Ok(m) => m,
+                            Err(e) => {
+                                return text(
+                                    StatusCode::SERVICE_UNAVAILABLE,
+                                    format!("cannot list marks: {e}\n"),
+                                )
+                            }
+                        }
+                    }
+                    Some(Err(why)) => return text(StatusCode::BAD_REQUEST, format!("{why}\n")),
+                };
+                let body = serde_json::to_string(&marks).expect("a map of integers serializes");
                 let mut r = text(StatusCode::OK, body);
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
@@ -182,4 +198,31 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     r
+}
+
+/// Default and largest `limit` of `/marks?prefix=...`.
+const MARKS_PAGE: usize = 1000;
+const MARKS_PAGE_MAX: usize = 100_000;
+
+/// `prefix=P&limit=N` of `/marks`: `None` without a query.
+fn marks_query(query: Option<&str>) -> Option<Result<(String, usize), String>> {
+    let query = query.filter(|q| !q.is_empty())?;
+    let mut prefix = String::new();
+    let mut limit = MARKS_PAGE;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = match percent_encoding::percent_decode_str(v).decode_utf8() {
+            Ok(v) => v.into_owned(),
+            Err(_) => return Some(Err(format!("{k}: not UTF-8"))),
+        };
+        match k {
+            "prefix" => prefix = v,
+            "limit" => match v.parse::<usize>() {
+                Ok(n) if (1..=MARKS_PAGE_MAX).contains(&n) => limit = n,
+                _ => return Some(Err(format!("limit must be 1..={MARKS_PAGE_MAX}"))),
+            },
+            other => return Some(Err(format!("unknown parameter {other:?} (prefix, limit)"))),
+        }
+    }
+    Some(Ok((prefix, limit)))
 }

@@ -194,6 +194,9 @@ impl Admission {
         if !opened.is_empty() {
             self.entities.loaded.fetch_add(1, Relaxed);
             self.entities.count.fetch_add(1, Relaxed);
+            let m = self.metrics.entities();
+            m.loaded.inc();
+            m.cached.inc();
             lock(&self.entities.queue).push_back(Arc::downgrade(&entity));
         }
         Ok(entity)
@@ -227,6 +230,9 @@ impl Admission {
                 map.remove(r.name());
                 e.count.fetch_sub(1, Relaxed);
                 e.evicted.fetch_add(1, Relaxed);
+                let m = self.metrics.entities();
+                m.evicted.inc();
+                m.cached.dec();
             } else {
                 drop(map);
                 queue.push_back(weak);

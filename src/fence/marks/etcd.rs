@@ -289,6 +289,34 @@ impl MarkStore for EtcdStore {
         self.inner.consistency
     }
 
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        Box::pin(async move {
+            // One range read of at most `limit` keys: never the whole prefix.
+            let from = format!("{}{prefix}", self.inner.prefix);
+            let resp = self
+                .bounded("list", || {
+                    let mut kv = self.inner.client.kv_client();
+                    let from = from.clone();
+                    let options = GetOptions::new()
+                        .with_prefix()
+                        .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+                    async move { kv.get(from, Some(options)).await }
+                })
+                .await?;
+            let mut marks = Marks::new();
+            for kv in resp.kvs() {
+                let name =
+                    String::from_utf8_lossy(&kv.key()[self.inner.prefix.len()..]).into_owned();
+                marks.insert(name, decode(kv.key(), kv.value())?);
+            }
+            Ok(marks)
+        })
+    }
+
     fn confirm<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
             let key = self.key(resource);

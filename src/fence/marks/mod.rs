@@ -46,6 +46,24 @@ pub trait MarkStore: Send + Sync + 'static {
         mark: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
+    /// At most `limit` stored marks of resources whose names start with `prefix`, in name
+    /// order (for `/marks?prefix=` and `palisade marks list --prefix`).
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .load()
+                .await?
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(prefix))
+                .take(limit)
+                .collect())
+        })
+    }
+
     /// How admissions must treat this store's marks: [`Consistency::Local`] for a store only
     /// this process writes (its in-memory mark is the truth), or one of the shared modes.
     fn consistency(&self) -> Consistency {

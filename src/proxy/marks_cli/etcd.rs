@@ -16,7 +16,7 @@ pub(super) fn execute(
     out: &mut impl Write,
 ) -> Option<Result<(), CliError>> {
     let path = match command {
-        MarksCommand::List { config } | MarksCommand::Set { config, .. } => config,
+        MarksCommand::List { config, .. } | MarksCommand::Set { config, .. } => config,
     };
     let config = Config::load(path).ok()?;
     let MarksSettings::Etcd(settings) = &config.marks else {
@@ -32,7 +32,9 @@ pub(super) fn execute(
     Some(rt.block_on(async {
         let store = EtcdStore::connect(settings).await?;
         match command {
-            MarksCommand::List { .. } => list(&config, &store, out).await,
+            MarksCommand::List { prefix, limit, .. } => {
+                list(&config, &store, prefix, super::limit_of(*limit), out).await
+            }
             MarksCommand::Set {
                 resource,
                 value,
@@ -50,8 +52,14 @@ fn describe(config: &Config) -> String {
     }
 }
 
-async fn list(config: &Config, store: &EtcdStore, out: &mut impl Write) -> Result<(), CliError> {
-    let marks = store.list_for_repair().await?;
+async fn list(
+    config: &Config,
+    store: &EtcdStore,
+    prefix: &str,
+    limit: usize,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let marks = store.list_for_repair(prefix, limit).await?;
     if marks.is_empty() {
         writeln!(out, "no marks in {}", describe(config)).map_err(CliError::Output)?;
         return Ok(());
@@ -83,7 +91,7 @@ async fn set(
 ) -> Result<(), CliError> {
     if !force {
         let current = store
-            .list_for_repair()
+            .list_for_repair(resource, usize::MAX)
             .await
             .ok()
             .and_then(|l| l.into_iter().find(|(n, _)| n == resource))

@@ -49,11 +49,17 @@ const EXIT_FAILURE: u8 = 1;
 /// `palisade marks ...`.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum MarksCommand {
-    /// Print every stored mark (resource and value), noting resources no route guards.
+    /// Print stored marks (resource and value), noting resources no route guards.
     List {
         /// The TOML configuration file (its `[marks]` names the store).
         #[arg(long, short)]
         config: PathBuf,
+        /// Only resources whose names start with this (e.g. `warehouse/`).
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// At most this many, in name order (default: all).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        limit: Option<u64>,
     },
     /// Set RESOURCE's mark to VALUE, lower or higher (0 removes it). Needs --force (and, for
     /// the file store, its proxy stopped); audited.
@@ -165,7 +171,11 @@ pub fn execute(command: MarksCommand, out: &mut impl Write) -> Result<(), CliErr
         return done;
     }
     match command {
-        MarksCommand::List { config } => list(&config, out),
+        MarksCommand::List {
+            config,
+            prefix,
+            limit,
+        } => list(&config, &prefix, limit_of(limit), out),
         MarksCommand::Set {
             resource,
             value,
@@ -260,7 +270,17 @@ pub(super) fn guarded(config: &Config, resource: &str) -> bool {
     })
 }
 
-fn list(config_path: &Path, out: &mut impl Write) -> Result<(), CliError> {
+/// `--limit` as a count (absent: all).
+pub(super) fn limit_of(limit: Option<u64>) -> usize {
+    limit.map_or(usize::MAX, |l| usize::try_from(l).unwrap_or(usize::MAX))
+}
+
+fn list(
+    config_path: &Path,
+    prefix: &str,
+    limit: usize,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
     let config = Config::load(config_path)?;
     let target = Target::of(&config)?;
     let Some(marks) = target.read()? else {
@@ -272,6 +292,11 @@ fn list(config_path: &Path, out: &mut impl Write) -> Result<(), CliError> {
         .map_err(CliError::Output)?;
         return Ok(());
     };
+    let marks: Marks = marks
+        .into_iter()
+        .filter(|(n, _)| n.starts_with(prefix))
+        .take(limit)
+        .collect();
     if marks.is_empty() {
         writeln!(out, "no marks in {}", target.describe()).map_err(CliError::Output)?;
         return Ok(());

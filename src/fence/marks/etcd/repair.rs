@@ -40,19 +40,27 @@ impl EtcdStore {
         format!("{AUDIT_ROOT}{sep}{p}{end}")
     }
 
-    /// Every mark under the prefix, with values that are not marks reported rather than
-    /// refused (an operator listing the store is often repairing it).
+    /// At most `limit` marks (0: all) of resources whose names start with `names`, with
+    /// values that are not marks reported rather than refused (an operator listing the store
+    /// is often repairing it).
     ///
     /// # Errors
     /// [`StoreError`] when etcd cannot be read within the request timeout.
-    pub async fn list_for_repair(&self) -> Result<Vec<(String, Found)>, StoreError> {
+    pub async fn list_for_repair(
+        &self,
+        names: &str,
+        limit: usize,
+    ) -> Result<Vec<(String, Found)>, StoreError> {
         let prefix = self.inner.prefix.clone();
+        let from = format!("{prefix}{names}");
         let resp = self
             .bounded("list", || {
                 let mut kv = self.inner.client.kv_client();
-                let prefix = prefix.clone();
-                let options = etcd_client::GetOptions::new().with_prefix();
-                async move { kv.get(prefix, Some(options)).await }
+                let from = from.clone();
+                let options = etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_limit(i64::try_from(limit).unwrap_or(0));
+                async move { kv.get(from, Some(options)).await }
             })
             .await?;
         Ok(resp
