@@ -386,6 +386,14 @@ impl ResourceTemplate {
         &self.text
     }
 
+    /// The literal start of every name it fills in (`warehouse/` of `warehouse/{id}`).
+    pub fn literal_prefix(&self) -> &str {
+        match self.pieces.first() {
+            Some(Piece::Text(t)) => t,
+            _ => "",
+        }
+    }
+
     /// Whether it has no placeholder: one fixed resource.
     pub fn is_fixed(&self) -> bool {
         self.pieces.iter().all(|p| matches!(p, Piece::Text(_)))

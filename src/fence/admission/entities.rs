@@ -142,13 +142,9 @@ impl Admission {
         if let Some(q) = quotas.get(template.as_str()) {
             return Ok(Arc::clone(q));
         }
-        let stored = self
-            .store
-            .load()
-            .await?
-            .into_iter()
-            .filter(|(n, m)| *m > 0 && template.could_produce(n))
-            .count() as u64;
+        // The store's names under the template's literal start (a count, not a read of
+        // them: possibly a few more than the template's own, which only errs on the safe side).
+        let stored = self.store.count(template.literal_prefix()).await?;
         let q = Arc::new(Quota {
             limit,
             used: std::sync::atomic::AtomicU64::new(stored),

@@ -219,6 +219,52 @@ impl MarkStore for EtcdStore {
         })
     }
 
+    fn load_named<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        Box::pin(async move {
+            let mut marks = Marks::new();
+            let mut first_rev = None;
+            // etcd refuses transactions of more than 128 operations by default.
+            for chunk in names.chunks(64) {
+                let txn = Txn::new().and_then(
+                    chunk
+                        .iter()
+                        .map(|n| TxnOp::get(self.key(n), None))
+                        .collect::<Vec<_>>(),
+                );
+                let resp = self
+                    .bounded("load", || {
+                        let mut kv = self.inner.client.kv_client();
+                        let txn = txn.clone();
+                        async move { kv.txn(txn).await }
+                    })
+                    .await?;
+                first_rev.get_or_insert(resp.header().map_or(0, |h| h.revision()));
+                for (name, r) in chunk.iter().zip(resp.op_responses()) {
+                    if let TxnOpResponse::Get(g) = r {
+                        if let Some(kv) = g.kvs().first() {
+                            marks.insert(name.clone(), decode(kv.key(), kv.value())?);
+                        }
+                    }
+                }
+            }
+            if first_rev.is_none() {
+                // No names: the watch still needs a revision to start from.
+                let resp = self
+                    .bounded("load", || {
+                        let mut kv = self.inner.client.kv_client();
+                        let key = self.inner.prefix.clone();
+                        async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+                    })
+                    .await?;
+                first_rev = Some(resp.header().map_or(0, |h| h.revision()));
+            }
+            self.inner
+                .loaded_at
+                .store(first_rev.unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+            Ok(marks)
+        })
+    }
+
     fn persist<'a>(
         &'a self,
         resource: &'a str,
@@ -287,6 +333,21 @@ impl MarkStore for EtcdStore {
 
     fn consistency(&self) -> Consistency {
         self.inner.consistency
+    }
+
+    fn count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let from = format!("{}{prefix}", self.inner.prefix);
+            let resp = self
+                .bounded("count", || {
+                    let mut kv = self.inner.client.kv_client();
+                    let from = from.clone();
+                    let options = GetOptions::new().with_prefix().with_count_only();
+                    async move { kv.get(from, Some(options)).await }
+                })
+                .await?;
+            Ok(u64::try_from(resp.count()).unwrap_or(0))
+        })
     }
 
     fn list<'a>(

@@ -46,6 +46,31 @@ pub trait MarkStore: Send + Sync + 'static {
         mark: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>>;
 
+    /// The stored marks of `names` only (absent ones are left out). A shared store reads
+    /// just those, so that a replica in front of millions of entities starts at once; its
+    /// watch ([`MarkStore::subscribe`]) then starts from that read.
+    fn load_named<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        Box::pin(async move {
+            let all = self.load().await?;
+            Ok(names
+                .iter()
+                .filter_map(|n| all.get(n).map(|m| (n.clone(), *m)))
+                .collect())
+        })
+    }
+
+    /// How many stored marks there are of resources whose names start with `prefix`.
+    fn count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .load()
+                .await?
+                .keys()
+                .filter(|n| n.starts_with(prefix))
+                .count() as u64)
+        })
+    }
+
     /// At most `limit` stored marks of resources whose names start with `prefix`, in name
     /// order (for `/marks?prefix=` and `palisade marks list --prefix`).
     fn list<'a>(
