@@ -244,7 +244,12 @@ impl Admission {
 
     /// The resource named `name`, if it is known (configured, or opened since).
     pub fn resource(&self, name: &str) -> Option<Arc<Resource>> {
-        read(&self.resources).get(name).cloned()
+        let r = read(&self.resources).get(name).cloned();
+        if let Some(r) = &r {
+            // Used: an entity gets another round in the cache (see `entities`).
+            r.touched.touch();
+        }
+        r
     }
 
     /// Current marks of every known resource.

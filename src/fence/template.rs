@@ -190,6 +190,12 @@ impl PathPattern {
                 if rest.is_empty() {
                     return None;
                 }
+                // `.format` on the last segment is the same entity here too.
+                let last_start = rest.rfind('/').map_or(0, |i| i + 1);
+                let rest = match rest[last_start..].rfind('.') {
+                    Some(dot) if dot > 0 => &rest[..last_start + dot],
+                    _ => rest,
+                };
                 out.0.push((name.clone(), rest));
                 return Some(out);
             }

@@ -115,8 +115,9 @@ impl Admin {
             .is_none_or(|r| r.proxy().guards(&name));
         let (mark, guarded) = match self.admission.resource(&name) {
             Some(r) => (r.mark(), guarded),
+            // Not in memory: an entity evicted (or never used), or a resource no route has.
             None => match self.admission.stored_mark(&name).await {
-                Ok(m) => (m, false),
+                Ok(m) => (m, guarded && self.reloader.is_some()),
                 Err(e) => {
                     return text(
                         StatusCode::SERVICE_UNAVAILABLE,

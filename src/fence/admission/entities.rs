@@ -56,15 +56,16 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// store's at first use, plus every new entity's first advance since).
 #[derive(Debug)]
 pub(super) struct Quota {
-    limit: u64,
+    limit: std::sync::atomic::AtomicU64,
     used: std::sync::atomic::AtomicU64,
 }
 
 impl Quota {
     /// Takes one stored mark; `false` when the limit is reached.
     pub(super) fn take(&self) -> bool {
+        let limit = self.limit.load(Relaxed);
         self.used
-            .fetch_update(Relaxed, Relaxed, |u| (u < self.limit).then_some(u + 1))
+            .fetch_update(Relaxed, Relaxed, |u| (u < limit).then_some(u + 1))
             .is_ok()
     }
 
@@ -76,13 +77,22 @@ impl Quota {
     }
 
     pub(super) fn limit(&self) -> u64 {
-        self.limit
+        self.limit.load(Relaxed)
     }
 }
 
 /// Marks an entity as used, for the second-chance queue.
 #[derive(Debug, Default)]
 pub(super) struct Touched(AtomicBool);
+
+impl Touched {
+    pub(super) fn touch(&self) {
+        // A plain load first: most hits find it set already and write nothing.
+        if !self.0.load(Relaxed) {
+            self.0.store(true, Relaxed);
+        }
+    }
+}
 
 impl Admission {
     /// Keeps at most `max` entities of resource templates in memory (at least 1).
@@ -125,9 +135,12 @@ impl Admission {
     ) -> Result<Arc<Resource>, StoreError> {
         let entity = self.entity_inner(name, template.as_str()).await?;
         if let Some(limit) = max_marks {
-            if entity.quota.get().is_none() {
-                let q = self.quota(template, limit).await?;
-                let _ = entity.quota.set(q);
+            match entity.quota.get() {
+                Some(q) => q.limit.store(limit, Relaxed),
+                None => {
+                    let q = self.quota(template, limit).await?;
+                    let _ = entity.quota.set(q);
+                }
             }
         }
         Ok(entity)
@@ -140,13 +153,15 @@ impl Admission {
     ) -> Result<Arc<Quota>, StoreError> {
         let mut quotas = self.entities.quotas.lock().await;
         if let Some(q) = quotas.get(template.as_str()) {
+            // The route's limit as configured now (a reload may have changed it).
+            q.limit.store(limit, Relaxed);
             return Ok(Arc::clone(q));
         }
         // The store's names under the template's literal start (a count, not a read of
         // them: possibly a few more than the template's own, which only errs on the safe side).
         let stored = self.store.count(template.literal_prefix()).await?;
         let q = Arc::new(Quota {
-            limit,
+            limit: std::sync::atomic::AtomicU64::new(limit),
             used: std::sync::atomic::AtomicU64::new(stored),
         });
         quotas.insert(template.as_str().to_owned(), Arc::clone(&q));
@@ -155,7 +170,6 @@ impl Admission {
 
     async fn entity_inner(&self, name: &str, template: &str) -> Result<Arc<Resource>, StoreError> {
         if let Some(r) = self.resource(name) {
-            r.touched.0.store(true, Relaxed);
             return Ok(r);
         }
         let gate = {

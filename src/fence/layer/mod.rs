@@ -236,7 +236,8 @@ where
                     .resource(&n)
                     .and_then(|r| decide_now(&self.settings, &r, &parts.headers)),
                 Ok(None) => Some(Ok(None)),
-                Err(why) => Some(Err((why, None, None))),
+                // Judged with the token, as the proxy does (428 before 400 bad_resource).
+                Err(_) => None,
             };
             match now {
                 Some(Ok(admitted)) => {
@@ -364,9 +365,8 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
     let derived = match &s.which {
         Which::Fixed(..) => None,
         which => match derive(which, parts) {
-            Ok(Some(n)) => Some(n),
             Ok(None) => return Ok(None),
-            Err(why) => return Err((why, None, None)),
+            other => Some(other),
         },
     };
     let token = match token::from_headers(&parts.headers, &s.header) {
@@ -374,6 +374,11 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
         Ok(None) if s.missing == MissingToken::Allow => return Ok(None),
         Ok(None) => return Err((Rejection::MissingToken, None, None)),
         Err(e) => return Err((Rejection::MalformedToken(e), None, None)),
+    };
+    let derived = match derived {
+        None => None,
+        Some(Ok(name)) => name,
+        Some(Err(why)) => return Err((why, None, Some(token.get()))),
     };
     let unavailable = |_| {
         let load = Rejection::StoreUnavailable {

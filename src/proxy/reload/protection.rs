@@ -234,13 +234,27 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
                                     .ok(),
                             };
                             match filled {
-                                Some(f) => f,
+                                // One entity, named by the old route's own path.
+                                Some(f) if !f.contains(PROBE_SEGMENT) => f,
+                                Some(_) => {
+                                    if leak.is_none() {
+                                        leak = Some(format!(
+                                            "{} would go to route {:?}, whose template {:?} \
+                                             gives every entity its own mark: the one mark \
+                                             that covered them all cannot be carried over",
+                                            shown(),
+                                            n.name,
+                                            n.resource
+                                        ));
+                                    }
+                                    continue;
+                                }
                                 None => {
                                     if leak.is_none() {
                                         leak = Some(format!(
                                             "{} would go to route {:?}, whose resource {:?} \
-                                             depends on the request's headers: the mark cannot \
-                                             be carried over",
+                                             depends on the request (its host, headers or gRPC \
+                                             call): the mark cannot be carried over",
                                             shown(),
                                             n.name,
                                             n.resource
@@ -379,6 +393,10 @@ upstream = "legacy"
 path_prefix = "/"
 guard = false
 "#;
+
+    fn marks_of_all(_: &str) -> u64 {
+        110
+    }
 
     fn marks(r: &str) -> u64 {
         match r {
@@ -546,6 +564,11 @@ resource = "warehouse/{id}"
         assert!(p.unprotected.is_empty(), "{p}");
         assert_eq!(p.carried.len(), 1, "{p}");
         assert_eq!(p.carried[0].to, "warehouse/7");
+        // One mark for every warehouse cannot become one per warehouse.
+        let all = WH7.replace("/warehouses/7", "/warehouses");
+        let p = plan(&config(&all), &config(keyed), marks_of_all);
+        assert_eq!(p.unprotected.len(), 1, "{p}");
+        assert!(p.to_string().contains("cannot be carried over"), "{p}");
     }
 
     trait Retire {
