@@ -242,6 +242,15 @@ fn main() -> ExitCode {
                 }
             };
             rt.block_on(async move {
+                // First of all: a SIGHUP or SIGUSR1 (logrotate) that comes while palisade
+                // starts must wait for the handler, not end the process (their default).
+                let early = match Early::listen() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        eprintln!("error: cannot listen for SIGHUP/SIGUSR1: {e}");
+                        return ExitCode::from(EXIT_RUNTIME);
+                    }
+                };
                 let listeners = match palisade::Listeners::bind(&config).await {
                     Ok(l) => l,
                     Err(e) => {
@@ -256,15 +265,7 @@ fn main() -> ExitCode {
                         return ExitCode::from(EXIT_RUNTIME);
                     }
                 };
-                // Before the listening line: a SIGHUP sent once palisade says it listens must
-                // find the handler in place (the default action would end the process).
-                let signals = match reload_on_signals(app.reloader()) {
-                    Ok(task) => task,
-                    Err(e) => {
-                        eprintln!("error: cannot listen for SIGHUP/SIGUSR1: {e}");
-                        return ExitCode::from(EXIT_RUNTIME);
-                    }
-                };
+                let signals = reload_on_signals(app.reloader(), early);
                 app.serve(shutdown_signal()).await;
                 signals.abort();
                 ExitCode::SUCCESS
@@ -394,15 +395,29 @@ impl<W: std::io::Write> std::io::Write for OneLine<W> {
     }
 }
 
+/// SIGHUP and SIGUSR1, listened to from the start (one that comes early waits in its stream).
+struct Early {
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+}
+
+impl Early {
+    fn listen() -> std::io::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+        })
+    }
+}
+
 /// SIGHUP reloads the configuration (the outcome is logged by the reloader), SIGUSR1
 /// reopens the access log file (after logrotate renamed it).
 fn reload_on_signals(
     reloader: palisade::reload::Reloader,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut usr1 = signal(SignalKind::user_defined1())?;
-    Ok(tokio::spawn(async move {
+    Early { mut hup, mut usr1 }: Early,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
         loop {
             tokio::select! {
                 Some(()) = hup.recv() => {
@@ -417,7 +432,7 @@ fn reload_on_signals(
                 else => return,
             }
         }
-    }))
+    })
 }
 
 async fn shutdown_signal() {

@@ -41,9 +41,10 @@ pub struct Resource {
     drain: Drain,
     confirm: Arc<Coalescer>,
     metrics: MarkMetrics,
-    /// Resources a reload carried this one's mark over to: every advance of this one raises
-    /// them too before it admits (see [`Admission::carry`]).
-    carried_to: std::sync::Mutex<Vec<Arc<Resource>>>,
+    /// Resources a reload linked this one with (its mark carried over, one way or the
+    /// other): while requests routed by the old table may still be in flight, every advance
+    /// of either raises the other before it admits (see [`Admission::carry`]).
+    linked: std::sync::Mutex<Vec<Arc<Resource>>>,
     /// Used since the entity cache last looked (entities of templates only).
     touched: entities::Touched,
     /// The stored-marks budget of its template (entities only): taken by its first advance.
@@ -80,7 +81,7 @@ impl Resource {
             drain: Drain::new(initial),
             confirm: Arc::default(),
             metrics,
-            carried_to: std::sync::Mutex::default(),
+            linked: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
             quota: std::sync::OnceLock::new(),
         })

@@ -116,8 +116,9 @@ impl std::fmt::Display for StoreStep {
             ),
             StoreStep::Persist { token } => write!(
                 f,
-                "the mark store could not persist token {token} as the new mark; refusing \
-                 rather than risking a lost mark"
+                "the mark store could not persist token {token} as the new mark in time; \
+                 refusing rather than risking a lost mark (a write that timed out may still \
+                 land later, which only raises the mark)"
             ),
             StoreStep::Load => f.write_str(
                 "the mark store could not load this resource's mark; refusing rather than \

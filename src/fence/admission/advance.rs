@@ -93,16 +93,13 @@ pub(super) async fn advance(
             "requests of older owners still in flight after the drain time were aborted"
         );
     }
-    // The resources a reload carried this mark over to take this token too, before the
-    // request is admitted: a request routed by the old table must not let a zombie in through
-    // the new one. After the drain (which needs this resource's lock) and without the lock
-    // (no lock order to get wrong; a raise that finds the token already there stops).
+    // The resources a reload linked with this one take this token too, before the request
+    // is admitted: a zombie must not get in through the other name, and the other name's
+    // older requests still in flight (routed by the old table, or by the new one) are
+    // aborted by that advance. After the drain (which needs this resource's lock) and without
+    // the lock (no lock order to get wrong; a raise that finds the token already there stops).
     drop(serialized);
-    let carried: Vec<Arc<Resource>> = res
-        .carried_to
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let carried: Vec<Arc<Resource>> = res.linked.lock().unwrap_or_else(|e| e.into_inner()).clone();
     for to in carried {
         let raised = Box::pin(advance(
             to,

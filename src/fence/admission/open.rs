@@ -174,16 +174,25 @@ impl Admission {
                 step: StoreStep::Load,
                 source: e,
             })?;
+        let link = |a: &Resource, b: &Arc<Resource>| {
+            let mut links = a.linked.lock().unwrap_or_else(|e| e.into_inner());
+            if !links.iter().any(|l| Arc::ptr_eq(l, b)) {
+                links.push(Arc::clone(b));
+            }
+        };
         let mark = {
             // With the advance lock: an advance of `from` in progress finishes first (its
             // mark is read below); any later one sees the link.
             let _serialized = source.advancing.lock().await;
-            let mut links = source.carried_to.lock().unwrap_or_else(|e| e.into_inner());
-            if !links.iter().any(|l| Arc::ptr_eq(l, &target)) {
-                links.push(Arc::clone(&target));
-            }
+            link(&source, &target);
             source.mark()
         };
+        {
+            // And back: the new name's first advance aborts the old name's requests still in
+            // flight before it is admitted.
+            let _serialized = target.advancing.lock().await;
+            link(&target, &source);
+        }
         // A shared store may hold a higher mark than this replica has seen yet.
         let stored = if self.store.consistency() == Consistency::Local {
             0
@@ -199,13 +208,17 @@ impl Admission {
         self.raise(to, mark.max(stored)).await
     }
 
-    /// Forgets every carry-over link of earlier reloads (a reload sets its own).
-    pub fn clear_carries(&self) {
-        for r in read(&self.resources).values() {
-            r.carried_to
+    /// Forgets the links [`Admission::carry`] made between `from` and `to` (once no request
+    /// routed by the table that needed them is left).
+    pub fn unlink(&self, from: &str, to: &str) {
+        let (Some(a), Some(b)) = (self.resource(from), self.resource(to)) else {
+            return;
+        };
+        for (x, y) in [(&a, &b), (&b, &a)] {
+            x.linked
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .clear();
+                .retain(|l| !Arc::ptr_eq(l, y));
         }
     }
 }

@@ -179,10 +179,13 @@ async fn a_carried_mark_follows_every_later_advance_of_its_source() {
     assert_eq!(old.mark(), 130);
     adm.admit(&old, t(140), D).await.unwrap();
     assert_eq!(new.mark(), 140);
-    // A reload clears earlier links.
-    adm.clear_carries();
+    // Once the old table is gone the links go too.
+    adm.unlink("warehouse-7", "wh/7");
+    adm.unlink("wh/7", "warehouse-7");
     adm.admit(&old, t(150), D).await.unwrap();
     assert_eq!(new.mark(), 140);
+    adm.admit(&new, t(160), D).await.unwrap();
+    assert_eq!(old.mark(), 150);
 }
 
 /// A memory store that counts its reads.
@@ -276,4 +279,25 @@ async fn entities_are_evicted_when_idle_and_read_back_before_their_next_admissio
         "one read for 20 first uses"
     );
     assert!(got.iter().all(|r| Arc::ptr_eq(r, &got[0])), "one resource");
+}
+
+#[tokio::test]
+async fn a_renamed_resources_first_advance_aborts_the_old_names_requests_in_flight() {
+    let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
+    let store = Arc::new(MemoryStore::new());
+    let adm = Admission::open(store, ["orders"], &metrics).await.unwrap();
+    let old = adm.resource("orders").unwrap();
+    adm.admit(&old, t(10), D).await.unwrap();
+    // A slow write of the old owner, routed by the old table, still in flight.
+    let (_, slow) = adm.admit(&old, t(10), D).await.unwrap();
+    adm.carry("orders", "orders2").await.unwrap();
+    let new = adm.resource("orders2").unwrap();
+    // The new owner's first write under the new name: the old name's older request is
+    // aborted before it is admitted.
+    adm.admit(&new, t(20), D).await.unwrap();
+    assert!(
+        slow.generation().is_aborted(),
+        "the old owner's write still in flight"
+    );
+    assert_eq!(old.mark(), 20);
 }

@@ -65,6 +65,16 @@ impl Validator<'_> {
             Some(p) if p.get_ref().is_empty() => {
                 return Err(self.at(&p, k("prefix"), "must not be empty"))
             }
+            // Audit records of `palisade marks set` live under /palisade-audit: a prefix
+            // that takes that space in would read them as marks.
+            Some(p) if "/palisade-audit/".starts_with(p.get_ref().as_str()) => {
+                return Err(self.at(
+                    &p,
+                    k("prefix"),
+                    "must not contain the audit key space /palisade-audit (e.g. \"/\" or \
+                     \"/palisade\"); use a prefix such as \"/palisade/marks/\"",
+                ))
+            }
             Some(p) => p.into_inner(),
         };
         let ms = |v: Option<Spanned<u64>>, key: &str| -> Result<Duration, ConfigError> {

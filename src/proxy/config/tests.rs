@@ -270,3 +270,36 @@ fn resource_templates_are_checked_with_their_place() {
         c.warnings
     );
 }
+
+#[test]
+fn loopback_spellings_are_one_upstream_for_the_tunnel_check() {
+    for alias in [
+        "localhost.",
+        "LOCALHOST",
+        "[::1]",
+        "127.0.0.2",
+        "[::ffff:127.0.0.1]",
+        "0.0.0.0",
+    ] {
+        let text = format!(
+            "{BASE}[[route]]\nname = \"ws\"\nupstream = \"twin\"\npath_prefix = \"/ws\"\nwebsocket = true\nguard = false\n\
+             [[upstream]]\nname = \"twin\"\nurl = \"http://{alias}:9000\"\n"
+        );
+        let e = Config::parse(&text, Path::new("p.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("route[1].websocket"), "{alias}: {e}");
+    }
+}
+
+#[test]
+fn a_route_path_with_a_query_or_fragment_is_refused() {
+    for p in ["/a?x", "/a#"] {
+        let (_, _, key, message) = err(&BASE.replace(
+            "path_prefix = \"/orders\"",
+            &format!("path_prefix = \"{p}\""),
+        ));
+        assert_eq!(key, "route[0].path_prefix", "{p}");
+        assert!(message.contains("'?' or '#'"), "{message}");
+    }
+}

@@ -423,6 +423,13 @@ impl Validator<'_> {
     }
 
     pub(super) fn route_path(&self, p: &Spanned<String>, key: &str) -> Result<String, ConfigError> {
+        if p.get_ref().contains(['?', '#']) {
+            return Err(self.at(
+                p,
+                key,
+                "must not contain '?' or '#' (routes match the path alone, never the query)",
+            ));
+        }
         match path::normalize(p.get_ref()) {
             Ok(n) if !n.contains(';') => Ok(n.into_owned()),
             Ok(_) => Err(self.at(p, key, "must not contain ';'")),
@@ -462,12 +469,7 @@ pub(super) fn tunnel_around(
         };
         u.addresses
             .iter()
-            .map(|a| {
-                (
-                    a.host().to_ascii_lowercase(),
-                    a.port_u16().unwrap_or(default),
-                )
-            })
+            .map(|a| (same_host(a.host()), a.port_u16().unwrap_or(default)))
             .collect()
     };
     let ours = of(&upstreams[r.upstream]);
@@ -501,4 +503,29 @@ pub(super) fn tunnel_risk(route: &RouteSettings, guarded: &[String]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// A host as a connection reaches it, for telling whether two upstreams are one: lower case,
+/// no trailing dot, and every spelling of this machine's loopback (`localhost`, `127.x.y.z`,
+/// `::1`, `0.0.0.0`, `::ffff:127.0.0.1`) as one. Other names are not resolved.
+fn same_host(host: &str) -> String {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    let h = h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase();
+    let loopback = h == "localhost"
+        || h.ends_with(".localhost")
+        || h.parse::<std::net::IpAddr>().is_ok_and(|ip| match ip {
+            std::net::IpAddr::V4(v4) => v4.is_loopback() || v4.is_unspecified(),
+            std::net::IpAddr::V6(v6) => {
+                v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6
+                        .to_ipv4_mapped()
+                        .is_some_and(|v4| v4.is_loopback() || v4.is_unspecified())
+            }
+        });
+    if loopback {
+        "loopback".to_owned()
+    } else {
+        h
+    }
 }

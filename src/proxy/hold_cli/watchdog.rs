@@ -9,7 +9,8 @@
 //! to another process while palisade still signals it.
 //!
 //! What this does not cover: a frozen palisade (SIGSTOP, a VM pause) keeps the pipe open, so
-//! the job goes on, and so does a process that left the group (`setsid`). Then the lease
+//! the job goes on, and so does a process that left the group (`setsid`, or a shell's job
+//! control: `set -m` gives every background job a group of its own). Then the lease
 //! runs out and the fencing token is what keeps the resource safe; under systemd,
 //! `KillMode=mixed` (deploy/systemd/) also ends every process of the unit when palisade goes.
 //! A `kill -9` of the watchdog alone leaves the job supervised by palisade (which logs it).

@@ -99,8 +99,9 @@ pub struct Reloader {
 
 struct Inner {
     current: Arc<ArcSwap<Proxy>>,
-    /// The configuration in force; its lock also makes reloads take turns.
-    config: tokio::sync::Mutex<Config>,
+    /// The configuration in force, and the guarded routes of earlier ones whose requests
+    /// reach no route (see [`protection::Plan::ghosts`]); the lock makes reloads take turns.
+    config: tokio::sync::Mutex<(Config, Vec<protection::Ghost>)>,
     admission: Arc<Admission>,
     metrics: Metrics,
     access_logs: AccessLogs,
@@ -140,7 +141,7 @@ impl Reloader {
         Ok(Self {
             inner: Arc::new(Inner {
                 current,
-                config: tokio::sync::Mutex::new(config),
+                config: tokio::sync::Mutex::new((config, Vec::new())),
                 ok: reloads.with_label_values(&["ok"]),
                 error: reloads.with_label_values(&["error"]),
                 admission,
@@ -157,8 +158,9 @@ impl Reloader {
     /// # Errors
     /// [`ReloadError`]: nothing changed, the previous configuration still serves.
     pub async fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let mut in_force = self.inner.config.lock().await;
-        let result = self.apply(&mut in_force).await;
+        let mut guard = self.inner.config.lock().await;
+        let (in_force, ghosts) = &mut *guard;
+        let result = self.apply(in_force, ghosts).await;
         match &result {
             Ok(r) => {
                 self.inner.ok.inc();
@@ -197,14 +199,18 @@ impl Reloader {
         result
     }
 
-    async fn apply(&self, in_force: &mut Config) -> Result<Reloaded, ReloadError> {
+    async fn apply(
+        &self,
+        in_force: &mut Config,
+        ghosts: &mut Vec<protection::Ghost>,
+    ) -> Result<Reloaded, ReloadError> {
         let i = &self.inner;
         let path = in_force.file.clone();
         let mut next = tokio::task::spawn_blocking(move || Config::load(path))
             .await
             .map_err(ReloadError::TaskLost)??;
         let kept = fixed::keep(in_force, &mut next);
-        let plan = protection::plan(in_force, &next, |r| {
+        let plan = protection::plan_with(in_force, ghosts, &next, |r| {
             i.admission.resource(r).map_or(0, |r| r.mark())
         });
         if !plan.unprotected.is_empty() {
@@ -231,7 +237,6 @@ impl Reloader {
         // that take over a guarded route's requests start from its mark, and stay linked to
         // it while requests routed by the old table finish. Raised marks are not lowered if
         // a later raise fails (a higher mark only refuses more).
-        i.admission.clear_carries();
         for c in &plan.carried {
             i.admission
                 .carry(&c.from, &c.to)
@@ -252,6 +257,25 @@ impl Reloader {
         );
         i.admission.set_max_cached(next.max_cached);
         i.current.store(Arc::new(proxy));
+        if !plan.carried.is_empty() {
+            // The links live as long as requests routed by the old table can: until the
+            // last of them drops its reference to it.
+            let old_table = Arc::downgrade(&previous);
+            let links: Vec<(String, String)> = plan
+                .carried
+                .iter()
+                .map(|c| (c.from.clone(), c.to.clone()))
+                .collect();
+            let admission = Arc::clone(&i.admission);
+            tokio::spawn(async move {
+                while old_table.strong_count() > 0 {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                for (from, to) in links {
+                    admission.unlink(&from, &to);
+                }
+            });
+        }
         if let (Some(listener), Some(tls)) = (&i.tls, &next.proxy.tls) {
             listener.store(Arc::clone(&tls.server));
         }
@@ -267,6 +291,7 @@ impl Reloader {
             kept,
         };
         *in_force = next;
+        *ghosts = plan.ghosts.clone();
         Ok(reloaded)
     }
 

@@ -62,7 +62,23 @@ pub struct Plan {
     pub retired: Vec<Dropped>,
     /// Resources that would lose their guard: the change must be refused.
     pub unprotected: Vec<Dropped>,
+    /// Guarded routes, running or removed earlier, some of whose requests reach no route
+    /// now: a later change that sends them to an unguarded route must still be refused, so
+    /// the reloader remembers them (until they are guarded again or retired).
+    pub ghosts: Vec<Ghost>,
 }
+
+/// A guarded route remembered after its requests stopped reaching any route.
+#[derive(Debug, Clone)]
+pub struct Ghost(pub RouteSettings);
+
+impl PartialEq for Ghost {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name && self.0.resource == other.0.resource
+    }
+}
+
+impl Eq for Ghost {}
 
 /// Methods tried for a route that takes every method: the common ones, and one no route is
 /// likely to list.
@@ -148,12 +164,28 @@ impl crate::template::RequestParts for Probe<'_> {
 /// The plan for changing from `running` to `next`, with `mark` giving a resource's current
 /// mark (0: none; a resource without a mark loses nothing).
 pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan {
+    plan_with(running, &[], next, mark)
+}
+
+/// [`plan`], also for `ghosts`: guarded routes of earlier configurations whose requests
+/// reached no route (see [`Plan::ghosts`]).
+pub fn plan_with(
+    running: &Config,
+    ghosts: &[Ghost],
+    next: &Config,
+    mark: impl Fn(&str) -> u64,
+) -> Plan {
     let mut out = Plan::default();
     let mut carried = BTreeSet::new();
     let mut dropped = BTreeSet::new();
     // A token sent in the old header is no token at all once the header changes.
     let header_changed = running.fencing.header != next.fencing.header;
-    for r in running.routes.iter().filter(|r| r.guard) {
+    let live = running
+        .routes
+        .iter()
+        .filter(|r| r.guard)
+        .map(|r| (r, false));
+    for (r, ghost) in live.chain(ghosts.iter().map(|g| (&g.0, true))) {
         // A templated route holds one mark per entity: assume they exist.
         let keyed = r.template.is_some();
         let m = if keyed { 0 } else { mark(&r.resource) };
@@ -161,11 +193,20 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
             continue;
         }
         let mut leak = None;
+        let mut nowhere = false;
         for (method, host, path) in probes(r, running, next) {
-            // Only the requests the running table gives this route are its to lose.
+            // Only the requests the running table gives this route are its to lose (a
+            // ghost's reach no route now: all of them).
             match pick(&running.routes, |o| o, &method, &host, &path) {
                 Pick::To(o) if std::ptr::eq(o, r) => {}
+                _ if ghost => {}
                 _ => continue,
+            }
+            if matches!(
+                pick(&next.routes, |n| n, &method, &host, &path),
+                Pick::Nowhere | Pick::MethodNotAllowed(_)
+            ) {
+                nowhere = true;
             }
             let shown = || {
                 if host == PROBE_HOST || r.host.is_none() {
@@ -284,7 +325,18 @@ pub fn plan(running: &Config, next: &Config, mark: impl Fn(&str) -> u64) -> Plan
                 Pick::To(_) => {}
             }
         }
-        let Some(why) = leak else { continue };
+        let Some(why) = leak else {
+            if nowhere
+                && !next.retired.contains(&r.resource)
+                && !out
+                    .ghosts
+                    .iter()
+                    .any(|g| g.0.name == r.name && g.0.resource == r.resource)
+            {
+                out.ghosts.push(Ghost(r.clone()));
+            }
+            continue;
+        };
         if !dropped.insert(r.resource.clone()) {
             continue; // one line per resource
         }
@@ -460,7 +512,8 @@ guard = false
     fn removing_a_route_whose_requests_then_find_no_route_loses_nothing() {
         let old = config(WH7);
         let p = plan(&old, &config(""), marks);
-        assert_eq!(p, Plan::default());
+        assert!(p.unprotected.is_empty() && p.carried.is_empty(), "{p}");
+        assert_eq!(p.ghosts.len(), 1, "remembered for later reloads");
         // A resource without a mark has nothing to lose.
         let p = plan(
             &config(&format!("{WH7}{CATCH_ALL}")),
@@ -569,6 +622,37 @@ resource = "warehouse/{id}"
         let p = plan(&config(&all), &config(keyed), marks_of_all);
         assert_eq!(p.unprotected.len(), 1, "{p}");
         assert!(p.to_string().contains("cannot be carried over"), "{p}");
+    }
+
+    #[test]
+    fn a_route_removed_to_nowhere_is_remembered_by_later_reloads() {
+        let reads = r#"
+[[route]]
+name = "reads"
+upstream = "legacy"
+path_prefix = "/"
+methods = ["GET"]
+guard = false
+"#;
+        let t1 = config(&format!("{WH7}{reads}"));
+        // The guarded route removed, and the reads narrowed: its requests reach no route.
+        let t2 = config(&reads.replace("path_prefix = \"/\"", "path_prefix = \"/static\""));
+        let t3 = config(CATCH_ALL);
+        let p12 = plan(&t1, &t2, marks);
+        assert!(
+            p12.unprotected.is_empty(),
+            "nothing reaches the upstream: {p12}"
+        );
+        assert_eq!(p12.ghosts.len(), 1, "{p12:?}");
+        let p23 = plan_with(&t2, &p12.ghosts, &t3, marks);
+        assert_eq!(p23.unprotected.len(), 1, "{p23}");
+        assert!(
+            p23.unprotected[0].why.contains("unguarded route \"all\""),
+            "{p23}"
+        );
+        // Guarded again: no longer a ghost.
+        let p = plan_with(&t2, &p12.ghosts, &config(WH7), marks);
+        assert!(p.unprotected.is_empty() && p.ghosts.is_empty(), "{p:?}");
     }
 
     trait Retire {
