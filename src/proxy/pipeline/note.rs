@@ -98,7 +98,10 @@ impl<'a> Logged<'a> {
 impl Drop for Logged<'_> {
     fn drop(&mut self) {
         let n = &self.note;
-        let resource = n.resource();
+        // The fence's (an entity, or the route's), or for refusals before it, the route's.
+        let resource = n
+            .resource()
+            .or_else(|| n.route.and_then(|r| r.resource.as_deref()));
         let (status, outcome) = match self.status {
             Some(s) => (s.as_u16(), n.outcome.map_or("", Outcome::as_str)),
             None => CLIENT_CLOSED,
