@@ -1100,6 +1100,23 @@ async fn a_templated_route_keeps_one_mark_per_entity() {
     .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(proxy.marks().await["tenant/acme"], 5);
+    // A header the upstream would never see (named in Connection) cannot name the entity.
+    let r = send(
+        &http1_client(),
+        Method::POST,
+        &proxy.url("/tenant/x"),
+        &[
+            ("x-fencing-token", b"1"),
+            ("x-tenant", b"fresh"),
+            ("connection", b"x-tenant"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    // Nor does another spelling of an entity's name get a mark of its own.
+    let r = post(&proxy.url("/warehouses/a%40b/stock/1"), Some("1")).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
     // A name over 1024 bytes is refused, not truncated.
     let long = format!("/warehouses/{}/stock/1", "7".repeat(1100));
     let r = post(&proxy.url(&long), Some("60")).await;

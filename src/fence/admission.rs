@@ -41,12 +41,14 @@ pub struct Resource {
     drain: Drain,
     confirm: Arc<Coalescer>,
     metrics: MarkMetrics,
-    /// Resources a reload linked this one with (its mark carried over, one way or the
-    /// other): while requests routed by the old table may still be in flight, every advance
-    /// of either raises the other before it admits (see [`Admission::carry`]).
-    linked: std::sync::Mutex<Vec<Arc<Resource>>>,
+    /// Other names this resource answers to since a reload carried its mark over to them
+    /// (see [`Admission::carry`]): every advance persists the mark under each of them too.
+    aliases: std::sync::Mutex<Vec<String>>,
     /// Used since the entity cache last looked (entities of templates only).
     touched: entities::Touched,
+    /// A fixed resource of a route (or one a reload aliased): never evicted, even when its
+    /// name is also an entity of a template.
+    pinned: std::sync::atomic::AtomicBool,
     /// The stored-marks budget of its template (entities only): taken by its first advance.
     quota: std::sync::OnceLock<Arc<entities::Quota>>,
 }
@@ -81,8 +83,9 @@ impl Resource {
             drain: Drain::new(initial),
             confirm: Arc::default(),
             metrics,
-            linked: std::sync::Mutex::default(),
+            aliases: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
+            pinned: std::sync::atomic::AtomicBool::new(false),
             quota: std::sync::OnceLock::new(),
         })
     }

@@ -7,7 +7,8 @@
 //! - has no `.` or `..` segment, also not with `;parameters` after it (`/..;/admin`);
 //! - contains only visible ASCII, and no `\`;
 //! - uses `%XX` escapes only with two hex digits, and never for a character that has a plain
-//!   spelling (letters, digits, `-._~`), for `/`, `\`, `;` or `%` itself, or for a control byte;
+//!   spelling in a path segment (letters, digits, `-._~`, `!$&'()*+,=:@`), for `/`, `\`, `;`
+//!   or `%` itself, or for a control byte;
 //! - escapes bytes above 0x7F only as shortest-form UTF-8 (`%C3%A9`), never overlong forms
 //!   (`%C0%AF` is an old spelling of `/`), surrogates or stray continuation bytes.
 //!
@@ -97,10 +98,31 @@ pub fn normalize(path: &str) -> Result<Cow<'_, str>, PathError> {
                     i += 3;
                     continue;
                 }
+                // Whatever may stand raw in a path segment (RFC 3986 pchar: unreserved,
+                // sub-delims, ':' and '@') must: upstreams decode `%40` to `@`, so two
+                // spellings would name one entity (or take one prefix) twice.
                 if decoded.is_ascii_alphanumeric()
                     || matches!(
                         decoded,
-                        b'-' | b'.' | b'_' | b'~' | b'/' | b'\\' | b';' | b'%'
+                        b'-' | b'.'
+                            | b'_'
+                            | b'~'
+                            | b'/'
+                            | b'\\'
+                            | b';'
+                            | b'%'
+                            | b'!'
+                            | b'$'
+                            | b'&'
+                            | b'\''
+                            | b'('
+                            | b')'
+                            | b'*'
+                            | b'+'
+                            | b','
+                            | b'='
+                            | b':'
+                            | b'@'
                     )
                     || decoded.is_ascii_control()
                 {
@@ -257,6 +279,9 @@ mod tests {
             ("/x%5Corders", ForbiddenEscape('\\')),
             ("/orders%00", ForbiddenEscape('\0')),
             ("/orders%3Bx", ForbiddenEscape(';')),
+            ("/users/a%40b", ForbiddenEscape('@')),
+            ("/a%2Bb", ForbiddenEscape('+')),
+            ("/a%3Ab", ForbiddenEscape(':')),
             ("/%2536Frders", ForbiddenEscape('%')),
             ("/orders%", BadEscape),
             ("/orders%2", BadEscape),

@@ -168,6 +168,32 @@ impl PathPattern {
         out
     }
 
+    /// A path the pattern matches that starts with the segments of `path` (as far as the
+    /// pattern's literals agree), the rest filled with `fill`: where a request below `path`
+    /// would land under this pattern. `None` when a literal disagrees.
+    pub fn overlay(&self, path: &str, fill: &str) -> Option<String> {
+        let given: Vec<&str> = path
+            .trim_matches('/')
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .collect();
+        let mut out = String::new();
+        for (i, seg) in self.segments.iter().enumerate() {
+            out.push('/');
+            match (seg, given.get(i)) {
+                (Segment::Literal(l), Some(g)) if l != g => return None,
+                (Segment::Literal(l), _) => out.push_str(l),
+                (Segment::Capture(_), Some(g)) => out.push_str(g),
+                (Segment::Rest(_), Some(_)) => out.push_str(&given[i..].join("/")),
+                (Segment::Capture(_) | Segment::Rest(_), None) => out.push_str(fill),
+            }
+        }
+        if out.is_empty() {
+            out.push('/');
+        }
+        Some(out)
+    }
+
     /// The names this pattern captures, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> + Clone {
         self.segments.iter().filter_map(|s| match s {
@@ -300,6 +326,13 @@ pub enum FillError {
     /// `{service}` or `{method}` on a request that is not a gRPC call `/Service/Method`.
     #[error("the resource is chosen by the gRPC service or method, and this is not a gRPC call")]
     NotGrpc,
+    /// A header the template reads is named in `Connection`: a proxy would remove it
+    /// before the upstream sees it.
+    #[error(
+        "the resource is chosen by header {0}, which the request's Connection header asks to \
+         remove"
+    )]
+    HopByHop(String),
     /// The filled name is too long.
     #[error("the filled resource name is {0} bytes, more than the {MAX_RESOURCE_BYTES} allowed")]
     TooLong(usize),
@@ -341,6 +374,31 @@ impl ResourceTemplate {
                     let h = &n["header.".len()..];
                     let header = http::HeaderName::from_bytes(h.as_bytes())
                         .map_err(|_| err(at, format!("{h:?} is not a header name")))?;
+                    // Headers a proxy removes or rewrites on the way: the upstream would not
+                    // see the value the resource was named by.
+                    if matches!(
+                        header.as_str(),
+                        "host"
+                            | "connection"
+                            | "keep-alive"
+                            | "proxy-connection"
+                            | "te"
+                            | "trailer"
+                            | "transfer-encoding"
+                            | "upgrade"
+                            | "forwarded"
+                            | "x-forwarded-for"
+                            | "x-forwarded-proto"
+                            | "x-forwarded-host"
+                    ) {
+                        return Err(err(
+                            at,
+                            format!(
+                                "{{header.{h}}}: a proxy removes or rewrites this header, so the \
+                                 upstream would not see it (for the host, use {{host}})"
+                            ),
+                        ));
+                    }
                     Piece::Header(header)
                 }
                 n if captures.clone().into_iter().any(|c| c == n) => Piece::Capture(n.to_owned()),
@@ -398,6 +456,14 @@ impl ResourceTemplate {
             Some(Piece::Text(t)) => t,
             _ => "",
         }
+    }
+
+    /// The headers it reads (`{header.NAME}`).
+    pub fn headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.pieces.iter().filter_map(|p| match p {
+            Piece::Header(h) => Some(h),
+            _ => None,
+        })
     }
 
     /// Whether it has no placeholder: one fixed resource.

@@ -47,6 +47,29 @@ pub(super) async fn advance(
             Err(_) => Err(StoreError::Timeout(PERSIST_TIMEOUT)),
         };
     metrics.duration.observe(started.elapsed().as_secs_f64());
+    // The names a reload gave this resource are persisted too (what a restart loads them
+    // from), before the mark is published.
+    let aliases: Vec<String> = res
+        .aliases
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    let persisted = match persisted {
+        Ok(stored) => {
+            let mut all = Ok(stored);
+            for alias in &aliases {
+                let again =
+                    tokio::time::timeout(PERSIST_TIMEOUT, store.persist(alias, token.get())).await;
+                match again {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => all = Err(e),
+                    Err(_) => all = Err(StoreError::Timeout(PERSIST_TIMEOUT)),
+                }
+            }
+            all
+        }
+        e => e,
+    };
     let stored = match persisted {
         Ok(stored) => stored,
         Err(source) => {
@@ -93,27 +116,7 @@ pub(super) async fn advance(
             "requests of older owners still in flight after the drain time were aborted"
         );
     }
-    // The resources a reload linked with this one take this token too, before the request
-    // is admitted: a zombie must not get in through the other name, and the other name's
-    // older requests still in flight (routed by the old table, or by the new one) are
-    // aborted by that advance. After the drain (which needs this resource's lock) and without
-    // the lock (no lock order to get wrong; a raise that finds the token already there stops).
     drop(serialized);
-    let carried: Vec<Arc<Resource>> = res.linked.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    for to in carried {
-        let raised = Box::pin(advance(
-            to,
-            Arc::clone(&store),
-            metrics.clone(),
-            token,
-            Duration::ZERO,
-        ))
-        .await;
-        match raised {
-            Ok(_) | Err(Refused::Stale { .. }) => {}
-            Err(e) => return Err(e),
-        }
-    }
     Ok(Some((Admitted::Advanced { from }, ticket)))
 }
 

@@ -52,6 +52,39 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// A caller's place at an entity's loading gate; leaving (also when the caller's future is
+/// dropped half-way) removes the gate once nobody else waits at it.
+struct Gate<'e> {
+    entities: &'e Entities,
+    name: &'e str,
+    gate: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<'e> Gate<'e> {
+    fn enter(entities: &'e Entities, name: &'e str) -> Self {
+        let mut loading = lock(&entities.loading);
+        let gate = Arc::clone(loading.entry(name.to_owned()).or_default());
+        Gate {
+            entities,
+            name,
+            gate,
+        }
+    }
+}
+
+impl Drop for Gate<'_> {
+    fn drop(&mut self) {
+        let mut loading = lock(&self.entities.loading);
+        // The map's and ours: nobody else waits at this gate.
+        if loading
+            .get(self.name)
+            .is_some_and(|g| Arc::strong_count(g) == 2)
+        {
+            loading.remove(self.name);
+        }
+    }
+}
+
 /// How many marks a template may store, and how many it does (this process's count: the
 /// store's at first use, plus every new entity's first advance since).
 #[derive(Debug)]
@@ -91,6 +124,18 @@ impl Touched {
         if !self.0.load(Relaxed) {
             self.0.store(true, Relaxed);
         }
+    }
+}
+
+impl Entities {
+    /// Registers an entity just inserted in the resource table.
+    pub(super) fn admitted(&self, r: &Arc<Resource>, metrics: &crate::metrics::Metrics) {
+        self.loaded.fetch_add(1, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+        let m = metrics.entities();
+        m.loaded.inc();
+        m.cached.inc();
+        lock(&self.queue).push_back(Arc::downgrade(r));
     }
 }
 
@@ -136,7 +181,11 @@ impl Admission {
         let entity = self.entity_inner(name, template.as_str()).await?;
         if let Some(limit) = max_marks {
             match entity.quota.get() {
-                Some(q) => q.limit.store(limit, Relaxed),
+                Some(q) => {
+                    if q.limit.load(Relaxed) != limit {
+                        q.limit.store(limit, Relaxed);
+                    }
+                }
                 None => {
                     let q = self.quota(template, limit).await?;
                     let _ = entity.quota.set(q);
@@ -172,21 +221,11 @@ impl Admission {
         if let Some(r) = self.resource(name) {
             return Ok(r);
         }
-        let gate = {
-            let mut loading = lock(&self.entities.loading);
-            Arc::clone(loading.entry(name.to_owned()).or_default())
-        };
+        let gate = Gate::enter(&self.entities, name);
         let opened = {
-            let _first = gate.lock().await;
+            let _first = gate.gate.lock().await;
             self.load_entity(name, template).await
         };
-        {
-            let mut loading = lock(&self.entities.loading);
-            // The map's and ours: nobody else waits at this gate.
-            if loading.get(name).is_some_and(|g| Arc::strong_count(g) == 2) {
-                loading.remove(name);
-            }
-        }
         drop(gate);
         let entity = opened?;
         self.evict_idle();
@@ -197,19 +236,17 @@ impl Admission {
         if let Some(r) = self.resource(name) {
             return Ok(r); // loaded by the caller that went first
         }
-        let opened = self.open_with([name], Some(template)).await?;
-        let entity = self
-            .resource(name)
-            .expect("open_with inserts every name it was given");
-        if !opened.is_empty() {
-            self.entities.loaded.fetch_add(1, Relaxed);
-            self.entities.count.fetch_add(1, Relaxed);
-            let m = self.metrics.entities();
-            m.loaded.inc();
-            m.cached.inc();
-            lock(&self.entities.queue).push_back(Arc::downgrade(&entity));
+        // Evicted again before this caller took it (the cache is tiny and busy): load again.
+        for _ in 0..3 {
+            self.open_with([name], Some(template)).await?;
+            if let Some(entity) = self.resource(name) {
+                return Ok(entity);
+            }
         }
-        Ok(entity)
+        Err(StoreError::Etcd(format!(
+            "entity {name} was evicted three times before its first use: raise [marks] \
+             max_cached"
+        )))
     }
 
     /// Evicts idle entities until at most `max_cached` remain (or none is idle).
@@ -219,33 +256,47 @@ impl Admission {
         if e.count.load(Relaxed) <= max {
             return;
         }
-        let mut queue = lock(&e.queue);
+        // Lock order: the resource table before the queue (an insert registers the entity
+        // with the table locked), so the queue is never held while the table is taken.
         // Two rounds at most: the first clears the second-chance bits.
-        let mut budget = queue.len() * 2;
+        let mut budget = lock(&e.queue).len() * 2;
         while e.count.load(Relaxed) > max && budget > 0 {
             budget -= 1;
-            let Some(weak) = queue.pop_front() else { break };
+            let Some(weak) = lock(&e.queue).pop_front() else {
+                break;
+            };
             let Some(r) = weak.upgrade() else { continue };
+            if r.pinned.load(Relaxed) {
+                // A fixed resource by now: not the cache's to evict.
+                e.count.fetch_sub(1, Relaxed);
+                self.metrics.entities().cached.dec();
+                continue;
+            }
             if r.touched.0.swap(false, Relaxed) {
-                queue.push_back(weak);
+                lock(&e.queue).push_back(weak);
                 continue;
             }
             let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
             // With the table locked nobody can take a new reference: the table's and `r` are
-            // all there are when no request, advance or drain holds it.
-            let idle = Arc::strong_count(&r) == 2
-                && r.drain.in_flight() == 0
-                && r.advancing.try_lock().is_ok();
-            if idle {
+            // all there are when no request, advance or drain holds it (Acquire: see the
+            // releases of the references dropped before).
+            let idle = Arc::strong_count(&r) == 2 && {
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                r.drain.in_flight() == 0 && r.advancing.try_lock().is_ok()
+            };
+            let evicted = idle && map.get(r.name()).is_some_and(|m| Arc::ptr_eq(m, &r));
+            if evicted {
                 map.remove(r.name());
+            }
+            drop(map);
+            if evicted {
                 e.count.fetch_sub(1, Relaxed);
                 e.evicted.fetch_add(1, Relaxed);
                 let m = self.metrics.entities();
                 m.evicted.inc();
                 m.cached.dec();
             } else {
-                drop(map);
-                queue.push_back(weak);
+                lock(&e.queue).push_back(weak);
             }
         }
     }

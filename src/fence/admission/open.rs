@@ -59,12 +59,20 @@ impl Admission {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        let pinned_names: Vec<String> = names.into_iter().map(|n| n.as_ref().to_owned()).collect();
         let missing: std::collections::BTreeSet<String> = {
             let known = read(&self.resources);
-            names
-                .into_iter()
-                .filter(|n| !known.contains_key(n.as_ref()))
-                .map(|n| n.as_ref().to_owned())
+            if template.is_none() {
+                for n in &pinned_names {
+                    if let Some(r) = known.get(n.as_str()) {
+                        r.pinned.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
+            pinned_names
+                .iter()
+                .filter(|n| !known.contains_key(n.as_str()))
+                .cloned()
                 .collect()
         };
         if missing.is_empty() {
@@ -90,13 +98,31 @@ impl Admission {
         let mut opened = Vec::new();
         {
             let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
+            if template.is_none() {
+                // Fixed resources already in the map (first opened as an entity) stay now.
+                for name in &pinned_names {
+                    if let Some(r) = map.get(name.as_str()) {
+                        r.pinned.store(true, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            }
             for (name, initial) in loaded {
                 map.entry(name).or_insert_with_key(|name| {
                     opened.push(name.clone());
                     match template {
-                        None => Resource::new(name, initial, &self.metrics),
+                        None => {
+                            let r = Resource::new(name, initial, &self.metrics);
+                            r.pinned.store(true, std::sync::atomic::Ordering::Relaxed);
+                            r
+                        }
                         Some(t) => {
-                            Resource::with_metrics(name, initial, self.metrics.keyed_mark(t))
+                            let r =
+                                Resource::with_metrics(name, initial, self.metrics.keyed_mark(t));
+                            // In the cache from the insert on (a caller dropped half-way must
+                            // not leave it unevictable), with a second chance to be used.
+                            r.touched.touch();
+                            self.entities.admitted(&r, &self.metrics);
+                            r
                         }
                     }
                 });
@@ -155,70 +181,73 @@ impl Admission {
     }
 
     /// Carries the mark of `from` over to `to` for a reload whose routes send `from`'s
-    /// requests to `to`: `to` is raised to `from`'s mark now, and every later advance of
-    /// `from` (a request the old routes admitted) raises `to` as well before it is admitted,
-    /// so the two cannot diverge while requests routed by the old table finish. Returns
+    /// requests to `to`. When `to` is new to this process, it becomes another name of the
+    /// same resource: one mark, one drain and one advance lock for both, so requests routed
+    /// by the old table (still in flight, or arriving) and by the new one are judged and
+    /// drained together, and every advance is persisted under both names (until a restart,
+    /// after which each name has its own mark, equal then). When `to` is already a resource
+    /// of its own here (two resources merged), its mark is raised to `from`'s. Returns
     /// `to`'s mark afterwards.
     ///
     /// # Errors
-    /// [`Refused::Unavailable`] when `to` could not be loaded or raised.
+    /// [`Refused::Unavailable`] when a mark could not be read or persisted.
     pub async fn carry(&self, from: &str, to: &str) -> Result<u64, Refused> {
         let Some(source) = self.resource(from) else {
             return Ok(0);
         };
-        let target = self
-            .resource_or_open(to)
-            .await
-            .map_err(|e| Refused::Unavailable {
-                token: FencingToken::new(source.mark().max(1)).expect("not 0"),
-                step: StoreStep::Load,
-                source: e,
-            })?;
-        let link = |a: &Resource, b: &Arc<Resource>| {
-            let mut links = a.linked.lock().unwrap_or_else(|e| e.into_inner());
-            if !links.iter().any(|l| Arc::ptr_eq(l, b)) {
-                links.push(Arc::clone(b));
+        let unavailable = |step: StoreStep, e: StoreError| Refused::Unavailable {
+            token: FencingToken::new(source.mark().max(1)).expect("not 0"),
+            step,
+            source: e,
+        };
+        if let Some(existing) = self.resource(to) {
+            if Arc::ptr_eq(&existing, &source) {
+                return Ok(source.mark()); // already one resource
             }
-        };
-        let mark = {
-            // With the advance lock: an advance of `from` in progress finishes first (its
-            // mark is read below); any later one sees the link.
-            let _serialized = source.advancing.lock().await;
-            link(&source, &target);
-            source.mark()
-        };
-        {
-            // And back: the new name's first advance aborts the old name's requests still in
-            // flight before it is admitted.
-            let _serialized = target.advancing.lock().await;
-            link(&target, &source);
+            let stored = self
+                .stored_mark(from)
+                .await
+                .map_err(|e| unavailable(StoreStep::Confirm, e))?;
+            return self.raise(to, source.mark().max(stored)).await;
         }
-        // A shared store may hold a higher mark than this replica has seen yet.
-        let stored = if self.store.consistency() == Consistency::Local {
+        // The higher of both stored marks, for both names: neither may start lower.
+        let stored_to = self
+            .stored_mark(to)
+            .await
+            .map_err(|e| unavailable(StoreStep::Load, e))?;
+        let stored_from = if self.store.consistency() == Consistency::Local {
             0
         } else {
             self.stored_mark(from)
                 .await
-                .map_err(|e| Refused::Unavailable {
-                    token: FencingToken::new(mark.max(1)).expect("not 0"),
-                    step: StoreStep::Confirm,
-                    source: e,
-                })?
+                .map_err(|e| unavailable(StoreStep::Confirm, e))?
         };
-        self.raise(to, mark.max(stored)).await
-    }
-
-    /// Forgets the links [`Admission::carry`] made between `from` and `to` (once no request
-    /// routed by the table that needed them is left).
-    pub fn unlink(&self, from: &str, to: &str) {
-        let (Some(a), Some(b)) = (self.resource(from), self.resource(to)) else {
-            return;
-        };
-        for (x, y) in [(&a, &b), (&b, &a)] {
-            x.linked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .retain(|l| !Arc::ptr_eq(l, y));
+        {
+            let _serialized = source.advancing.lock().await;
+            let mut aliases = source.aliases.lock().unwrap_or_else(|e| e.into_inner());
+            if !aliases.iter().any(|a| a == to) {
+                aliases.push(to.to_owned());
+            }
         }
+        let target = source.mark().max(stored_to).max(stored_from);
+        // Raises `from` (persisting `to` too, as an alias now) if anything is higher; else
+        // persists `to` at the current mark.
+        if target > source.mark() {
+            self.raise(from, target).await?;
+        } else if let Some(m) = FencingToken::new(target) {
+            self.store
+                .persist(to, m.get())
+                .await
+                .map_err(|e| unavailable(StoreStep::Persist { token: m.get() }, e))?;
+        }
+        {
+            let mut map = self.resources.write().unwrap_or_else(|e| e.into_inner());
+            source
+                .pinned
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            map.entry(to.to_owned())
+                .or_insert_with(|| Arc::clone(&source));
+        }
+        Ok(source.mark())
     }
 }

@@ -153,10 +153,10 @@ async fn open_resources_loads_new_marks_and_never_replaces_a_known_resource() {
 }
 
 #[tokio::test]
-async fn a_carried_mark_follows_every_later_advance_of_its_source() {
+async fn a_carried_mark_makes_the_new_name_another_name_of_the_same_resource() {
     let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
     let store = Arc::new(MemoryStore::with_marks(
-        [("warehouse-7".to_owned(), 110)].into(),
+        [("warehouse-7".to_owned(), 110), ("wh/7".to_owned(), 90)].into(),
     ));
     let adm = Admission::open(store.clone(), ["warehouse-7"], &metrics)
         .await
@@ -164,28 +164,32 @@ async fn a_carried_mark_follows_every_later_advance_of_its_source() {
     assert_eq!(adm.carry("warehouse-7", "wh/7").await.unwrap(), 110);
     let old = adm.resource("warehouse-7").unwrap();
     let new = adm.resource("wh/7").unwrap();
-    // A request routed by the old table advances the old resource after the carry: the new
-    // one is raised before that request is admitted.
+    assert!(Arc::ptr_eq(&old, &new), "one mark, one drain");
+    assert_eq!(
+        store.load().await.unwrap().get("wh/7"),
+        Some(&110),
+        "persisted"
+    );
+    // A request routed by the old table advances: the new name has it too, durably.
     adm.admit(&old, t(120), D).await.unwrap();
-    assert_eq!(new.mark(), 120);
     assert_eq!(store.load().await.unwrap().get("wh/7"), Some(&120));
     assert!(matches!(
         adm.admit(&new, t(115), D).await,
         Err(Refused::Stale { mark: 120, .. })
     ));
-    // Links back and forth (names swapped by two reloads) do not deadlock or loop.
-    adm.carry("wh/7", "warehouse-7").await.unwrap();
-    adm.admit(&new, t(130), D).await.unwrap();
-    assert_eq!(old.mark(), 130);
-    adm.admit(&old, t(140), D).await.unwrap();
-    assert_eq!(new.mark(), 140);
-    // Once the old table is gone the links go too.
-    adm.unlink("warehouse-7", "wh/7");
-    adm.unlink("wh/7", "warehouse-7");
-    adm.admit(&old, t(150), D).await.unwrap();
-    assert_eq!(new.mark(), 140);
-    adm.admit(&new, t(160), D).await.unwrap();
-    assert_eq!(old.mark(), 150);
+    // Renamed back: already one resource.
+    assert_eq!(adm.carry("wh/7", "warehouse-7").await.unwrap(), 120);
+    // The new name had a higher stored mark of its own: both start from it.
+    let store = Arc::new(MemoryStore::with_marks(
+        [("a".to_owned(), 10), ("b".to_owned(), 30)].into(),
+    ));
+    let adm = Admission::open(store, ["a"], &metrics_of()).await.unwrap();
+    assert_eq!(adm.carry("a", "b").await.unwrap(), 30);
+    assert_eq!(adm.resource("a").unwrap().mark(), 30);
+}
+
+fn metrics_of() -> Metrics {
+    Metrics::new(prometheus::Registry::new()).unwrap()
 }
 
 /// A memory store that counts its reads.
@@ -292,9 +296,11 @@ async fn a_renamed_resources_first_advance_aborts_the_old_names_requests_in_flig
     let (_, slow) = adm.admit(&old, t(10), D).await.unwrap();
     adm.carry("orders", "orders2").await.unwrap();
     let new = adm.resource("orders2").unwrap();
-    // The new owner's first write under the new name: the old name's older request is
-    // aborted before it is admitted.
-    adm.admit(&new, t(20), D).await.unwrap();
+    // The new owner's first write under the new name drains (here: aborts, after a short
+    // drain) the old name's older request before it is admitted.
+    adm.admit(&new, t(20), Duration::from_millis(50))
+        .await
+        .unwrap();
     assert!(
         slow.generation().is_aborted(),
         "the old owner's write still in flight"

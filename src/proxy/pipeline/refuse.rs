@@ -179,7 +179,8 @@ impl Proxy {
         // anything less.
         note.resource = Some(match &route.resource {
             Some(r) => Cow::Borrowed(r),
-            None => Cow::Owned(self.entity(route, headers, target, t).await?),
+            // Boxed: its state must not grow every request's future (hyper moves it whole).
+            None => Cow::Owned(Box::pin(self.entity(route, headers, target, t)).await?),
         });
         let resource: &Arc<Resource> = note.resource.as_deref().expect("set above");
         // The fast path decides at once; the slow one (an advance: persist, then drain) is
@@ -262,6 +263,22 @@ impl Proxy {
             PathMatch::Pattern(p) => p.captures(target.key).unwrap_or_default(),
             _ => Captures::default(),
         };
+        // A header named in `Connection` is removed before forwarding: the upstream would
+        // not see the entity the request was judged by.
+        for h in template.headers() {
+            let listed = headers.values(&http::header::CONNECTION).any(|v| {
+                v.split(|b| *b == b',')
+                    .any(|t| t.trim_ascii().eq_ignore_ascii_case(h.as_str().as_bytes()))
+            });
+            if listed {
+                let why = crate::template::FillError::HopByHop(h.to_string());
+                return Err((
+                    Rejection::BadResource(why),
+                    Outcome::Malformed,
+                    Some(t.get()),
+                ));
+            }
+        }
         let parts = Parts { target, headers };
         let name = template
             .fill(&captures, &parts)

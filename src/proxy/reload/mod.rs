@@ -216,6 +216,22 @@ impl Reloader {
         if !plan.unprotected.is_empty() {
             return Err(ReloadError::Unprotected(plan.unprotected));
         }
+        // Before the new routes serve, and before their new resources are opened: the
+        // resources that take over a guarded route's requests start from its mark (a new
+        // name becomes another name of the same resource, see `Admission::carry`). What this
+        // did stays if a later step fails: two names sharing a mark, or a raised mark, only
+        // refuse more.
+        for c in &plan.carried {
+            i.admission
+                .carry(&c.from, &c.to)
+                .await
+                .map_err(|source| ReloadError::Carry {
+                    from: c.from.clone(),
+                    to: c.to.clone(),
+                    mark: c.mark,
+                    source,
+                })?;
+        }
         let new_resources = i
             .admission
             .open_resources(
@@ -233,21 +249,6 @@ impl Reloader {
                 None => Some(i.access_logs.open(s)?),
             },
         };
-        // Last of the steps that can fail, and before the new routes serve: the resources
-        // that take over a guarded route's requests start from its mark, and stay linked to
-        // it while requests routed by the old table finish. Raised marks are not lowered if
-        // a later raise fails (a higher mark only refuses more).
-        for c in &plan.carried {
-            i.admission
-                .carry(&c.from, &c.to)
-                .await
-                .map_err(|source| ReloadError::Carry {
-                    from: c.from.clone(),
-                    to: c.to.clone(),
-                    mark: c.mark,
-                    source,
-                })?;
-        }
         let (proxy, carried) = Proxy::build(
             &next,
             Arc::clone(&i.admission),
@@ -257,25 +258,6 @@ impl Reloader {
         );
         i.admission.set_max_cached(next.max_cached);
         i.current.store(Arc::new(proxy));
-        if !plan.carried.is_empty() {
-            // The links live as long as requests routed by the old table can: until the
-            // last of them drops its reference to it.
-            let old_table = Arc::downgrade(&previous);
-            let links: Vec<(String, String)> = plan
-                .carried
-                .iter()
-                .map(|c| (c.from.clone(), c.to.clone()))
-                .collect();
-            let admission = Arc::clone(&i.admission);
-            tokio::spawn(async move {
-                while old_table.strong_count() > 0 {
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
-                for (from, to) in links {
-                    admission.unlink(&from, &to);
-                }
-            });
-        }
         if let (Some(listener), Some(tls)) = (&i.tls, &next.proxy.tls) {
             listener.store(Arc::clone(&tls.server));
         }

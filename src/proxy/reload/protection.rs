@@ -112,6 +112,13 @@ fn probes(r: &RouteSettings, running: &Config, next: &Config) -> Vec<(String, St
         let p = n.path.example(PROBE_SEGMENT);
         paths.insert(format!("{}/{PROBE_SEGMENT}", p.trim_end_matches('/')));
         paths.insert(p);
+        // Where this route's own paths land under a deeper pattern (`/warehouses/7` under
+        // `/warehouses/{id}/stock/{sku}`: `/warehouses/7/stock/palisade-probe`).
+        if let PathMatch::Pattern(pattern) = &n.path {
+            if let Some(o) = pattern.overlay(&base, PROBE_SEGMENT) {
+                paths.insert(o);
+            }
+        }
     }
     paths.retain(|p| r.path.matches(p));
     let methods: BTreeSet<String> = match &r.methods {
@@ -616,6 +623,12 @@ resource = "warehouse/{id}"
         let p = plan(&config(WH7), &config(keyed), marks);
         assert!(p.unprotected.is_empty(), "{p}");
         assert_eq!(p.carried.len(), 1, "{p}");
+        assert_eq!(p.carried[0].to, "warehouse/7");
+        // A deeper pattern takes the old route's writes too: carried to the entity.
+        let deep = keyed.replace("/warehouses/{id}", "/warehouses/{id}/stock/{sku}");
+        let reads = "[[route]]\nname = \"reads\"\nupstream = \"legacy\"\npath_prefix = \"/\"\nmethods = [\"GET\"]\nguard = false\n";
+        let p = plan(&config(WH7), &config(&format!("{deep}{reads}")), marks);
+        assert_eq!(p.carried.len(), 1, "{p:?}");
         assert_eq!(p.carried[0].to, "warehouse/7");
         // One mark for every warehouse cannot become one per warehouse.
         let all = WH7.replace("/warehouses/7", "/warehouses");
