@@ -194,6 +194,28 @@ impl PathPattern {
         Some(out)
     }
 
+    /// A path the pattern matches whose every capture has a value of its own (`fill0`,
+    /// `fill1`, ...): filled in, two templates over it tell whether they name the same
+    /// entity for the same request.
+    pub fn example_distinct(&self, fill: &str) -> String {
+        let mut out = String::new();
+        let mut n = 0;
+        for s in &self.segments {
+            out.push('/');
+            match s {
+                Segment::Literal(l) => out.push_str(l),
+                Segment::Capture(_) | Segment::Rest(_) => {
+                    out.push_str(&format!("{fill}{n}"));
+                    n += 1;
+                }
+            }
+        }
+        if out.is_empty() {
+            out.push('/');
+        }
+        out
+    }
+
     /// The names this pattern captures, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> + Clone {
         self.segments.iter().filter_map(|s| match s {

@@ -147,6 +147,39 @@ fn probes(r: &RouteSettings, running: &Config, next: &Config) -> Vec<(String, St
     out
 }
 
+/// Whether two routes with the same template text name different entities for one request
+/// (their patterns bind the captures to other segments).
+fn renames_entities(old: &RouteSettings, new: &RouteSettings) -> bool {
+    let (Some(t_old), Some(t_new)) = (&old.template, &new.template) else {
+        return false;
+    };
+    let (PathMatch::Pattern(p_old), PathMatch::Pattern(p_new)) = (&old.path, &new.path) else {
+        return false;
+    };
+    if p_old.as_str() == p_new.as_str() {
+        return false;
+    }
+    let path = p_old.example_distinct("p");
+    let name = |p: &crate::template::PathPattern, t: &crate::template::ResourceTemplate| {
+        p.captures(&path).and_then(|c| {
+            t.fill(
+                &c,
+                &Probe {
+                    host: PROBE_HOST,
+                    path: &path,
+                },
+            )
+            .ok()
+        })
+    };
+    match (name(p_old, t_old), name(p_new, t_new)) {
+        (Some(a), Some(b)) => a != b,
+        // The new pattern does not take this request: its other probes decide.
+        (Some(_), None) => false,
+        _ => true,
+    }
+}
+
 /// A probe request as a resource template sees it: a host and a path, no headers.
 struct Probe<'a> {
     host: &'a str,
@@ -240,7 +273,20 @@ pub fn plan_with(
                             }
                         ));
                     }
+                    if n.resource == r.resource && !renames_entities(r, n) {
+                        continue;
+                    }
                     if n.resource == r.resource {
+                        if leak.is_none() {
+                            leak = Some(format!(
+                                "{} would go to route {:?}, whose pattern binds the captures \
+                                 of {:?} to other segments: the same request would name \
+                                 another entity",
+                                shown(),
+                                n.name,
+                                r.resource
+                            ));
+                        }
                         continue;
                     }
                     if keyed {
@@ -619,6 +665,19 @@ resource = "warehouse/{id}"
             assert_eq!(p.unprotected.len(), 1, "{p}");
             assert!(p.to_string().contains("one mark per entity"), "{p}");
         }
+        // The same template text over a pattern that binds its capture elsewhere: refused.
+        let swapped = r#"
+[[route]]
+name = "stock"
+upstream = "legacy"
+path_pattern = "/t/{id}/o/{x}"
+resource = "t/{id}"
+"#;
+        let old_sw = config(swapped);
+        let new_sw = config(&swapped.replace("/t/{id}/o/{x}", "/t/{x}/o/{id}"));
+        let p = plan(&old_sw, &new_sw, |_| 0);
+        assert_eq!(p.unprotected.len(), 1, "{p}");
+        assert!(p.to_string().contains("another entity"), "{p}");
         // A fixed route replaced by a template: the mark goes to the entity it names.
         let p = plan(&config(WH7), &config(keyed), marks);
         assert!(p.unprotected.is_empty(), "{p}");
