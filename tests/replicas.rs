@@ -1260,3 +1260,106 @@ fn kill(sig: &str, target: &str) {
         .success();
     assert!(ok, "kill {sig} {target}");
 }
+
+#[cfg(feature = "layer")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_warehouses_with_real_locks_through_the_layer_on_etcd_marks() {
+    use palisade::admission::Admission;
+    use palisade::layer::{FenceLayer, FenceRequestBody};
+    use palisade::marks::etcd::EtcdStore;
+    use palisade::marks::settings::EtcdSettings;
+    use palisade::provider::etcd::EtcdProvider;
+    use palisade::template::{PathPattern, ResourceTemplate};
+    use palisade::{LockService, Provider, SessionOptions};
+    use tower::{Layer, ServiceExt};
+    let _serial = SERIAL.lock().await;
+    let etcd = etcd::Etcd::single().await;
+    let settings = EtcdSettings {
+        endpoints: etcd.endpoints(),
+        prefix: "/layer50/marks/".to_owned(),
+        consistency: palisade::marks::Consistency::Linearizable,
+        dial_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(2),
+        username: None,
+        password: None,
+        tls: None,
+    };
+    let store = Arc::new(EtcdStore::connect(&settings).await.unwrap());
+    let metrics = palisade::Metrics::new(prometheus::Registry::new()).unwrap();
+    let admission = Arc::new(
+        Admission::open(store, Vec::<String>::new(), &metrics)
+            .await
+            .unwrap(),
+    );
+    let pattern = PathPattern::parse("/warehouses/{id}/stock").unwrap();
+    let template = ResourceTemplate::parse("warehouse/{id}", pattern.names()).unwrap();
+    let applied: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let log = Arc::clone(&applied);
+    let svc = FenceLayer::new(Arc::clone(&admission), "unused")
+        .with_template(pattern, template)
+        .layer(tower::service_fn(
+            move |req: Request<FenceRequestBody<Full<Bytes>>>| {
+                let log = Arc::clone(&log);
+                async move {
+                    let token = req
+                        .extensions()
+                        .get::<palisade::FencingToken>()
+                        .unwrap()
+                        .get();
+                    log.lock()
+                        .unwrap()
+                        .push((req.uri().path().to_owned(), token));
+                    Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from("ok"))))
+                }
+            },
+        ));
+    let write = |id: u64, token: u64| {
+        let req = Request::post(format!("/warehouses/{id}/stock"))
+            .header("x-fencing-token", token.to_string())
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let svc = svc.clone();
+        async move { svc.oneshot(req).await.unwrap().status().as_u16() }
+    };
+    let client = etcd.client().await;
+    let provider = EtcdProvider::new(&client);
+    let options = || {
+        SessionOptions::new()
+            .with_ttl(Duration::from_secs(2))
+            .with_namespace("/layer50")
+    };
+    let mut owners = Vec::new();
+    for id in 1..=50u64 {
+        let s = provider.session(options()).await.unwrap();
+        let g = s.lock(&format!("warehouse/{id}")).await.unwrap();
+        owners.push((id, s, g));
+    }
+    // Newest lock first: every write carries an older token than the one before it.
+    for (id, _, g) in owners.iter().rev() {
+        assert_eq!(write(*id, g.token().get()).await, 200, "warehouse {id}");
+    }
+    // Warehouses 1-3: the owner's session ends (its lease gone), a new owner locks and
+    // writes, and the old token comes back: refused, nothing applied.
+    for (id, s, g) in owners.drain(..3) {
+        let old = g.token().get();
+        drop(g);
+        s.close().await.unwrap();
+        let s2 = provider.session(options()).await.unwrap();
+        let g2 = s2.lock(&format!("warehouse/{id}")).await.unwrap();
+        assert_eq!(write(id, g2.token().get()).await, 200, "new owner of {id}");
+        let before = applied.lock().unwrap().len();
+        assert_eq!(write(id, old).await, 409, "warehouse {id}'s zombie");
+        assert_eq!(applied.lock().unwrap().len(), before);
+    }
+    // The others go on with their older tokens: no false rejection.
+    for (id, _, g) in &owners {
+        assert_eq!(write(*id, g.token().get()).await, 200, "warehouse {id}");
+    }
+    // Per warehouse, the service applied tokens in order.
+    let mut newest: std::collections::HashMap<String, u64> = Default::default();
+    for (path, t) in applied.lock().unwrap().iter() {
+        let last = newest.entry(path.clone()).or_default();
+        assert!(*t >= *last, "{path}: {t} after {last}");
+        *last = *t;
+    }
+}
