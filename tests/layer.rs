@@ -186,6 +186,27 @@ async fn the_layer_passes_the_admission_table_over_grpc() {
     }
 }
 
+/// `layer` over a service that answers every request 200, and a POST to it: its status.
+fn posts_through(
+    layer: FenceLayer,
+) -> impl Fn(&str, Option<&str>) -> Pin<Box<dyn Future<Output = u16>>> {
+    let svc = layer.layer(tower::service_fn(
+        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+        },
+    ));
+    move |path: &str, token: Option<&str>| {
+        let mut req = Request::post(path.to_owned());
+        if let Some(t) = token {
+            req = req.header("x-fencing-token", t);
+        }
+        let call = svc
+            .clone()
+            .oneshot(req.body(Full::new(Bytes::new())).unwrap());
+        Box::pin(async move { call.await.unwrap().status().as_u16() })
+    }
+}
+
 #[tokio::test]
 async fn a_derived_resource_loads_its_mark_and_unguarded_requests_pass() {
     let e = env().await;
@@ -196,28 +217,16 @@ async fn a_derived_resource_loads_its_mark_and_unguarded_requests_pass() {
             .strip_prefix("/r/")
             .map(|rest| rest.split('/').next().unwrap_or_default().to_owned())
     });
-    let svc = layer.layer(tower::service_fn(
-        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
-        },
-    ));
-    let send = |path: &str, token: Option<&str>| {
-        let mut req = Request::post(path.to_owned());
-        if let Some(t) = token {
-            req = req.header("x-fencing-token", t);
-        }
-        svc.clone()
-            .oneshot(req.body(Full::new(Bytes::new())).unwrap())
-    };
+    let send = posts_through(layer);
     // "orders" is known to the store with mark 51: reached through the derived name.
-    assert_eq!(send("/r/orders/1", Some("34")).await.unwrap().status(), 409);
-    assert_eq!(send("/r/orders/1", Some("51")).await.unwrap().status(), 200);
+    assert_eq!(send("/r/orders/1", Some("34")).await, 409);
+    assert_eq!(send("/r/orders/1", Some("51")).await, 200);
     // A resource seen for the first time starts from its stored mark (none: 0).
-    assert_eq!(send("/r/fresh/1", Some("5")).await.unwrap().status(), 200);
-    assert_eq!(send("/r/fresh/1", Some("4")).await.unwrap().status(), 409);
+    assert_eq!(send("/r/fresh/1", Some("5")).await, 200);
+    assert_eq!(send("/r/fresh/1", Some("4")).await, 409);
     assert_eq!(e.admission.marks().get("fresh"), Some(&5));
     // No resource for this path: not guarded, no token needed.
-    assert_eq!(send("/health", None).await.unwrap().status(), 200);
+    assert_eq!(send("/health", None).await, 200);
 }
 
 #[tokio::test]
@@ -234,30 +243,12 @@ async fn a_layer_resource_picked_by_path_prefix_stops_at_a_segment_boundary() {
             .find(|(prefix, _)| prefix.matches(p.uri.path()))
             .map(|(_, r)| (*r).to_owned())
     });
-    let svc = layer.layer(tower::service_fn(
-        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
-        },
-    ));
-    let send = |path: &str, token: &str| {
-        let req = Request::post(path.to_owned()).header("x-fencing-token", token);
-        svc.clone()
-            .oneshot(req.body(Full::new(Bytes::new())).unwrap())
-    };
-    assert_eq!(
-        send("/warehouses/1/stock", "51").await.unwrap().status(),
-        200
-    );
+    let send = posts_through(layer);
+    assert_eq!(send("/warehouses/1/stock", Some("51")).await, 200);
     // The first prefix does not take warehouse 12's requests: its owner's 40 is its own.
-    assert_eq!(
-        send("/warehouses/12/stock", "40").await.unwrap().status(),
-        200
-    );
-    assert_eq!(send("/warehouses/12", "39").await.unwrap().status(), 409);
-    assert_eq!(
-        send("/warehouses/1.json", "50").await.unwrap().status(),
-        409
-    );
+    assert_eq!(send("/warehouses/12/stock", Some("40")).await, 200);
+    assert_eq!(send("/warehouses/12", Some("39")).await, 409);
+    assert_eq!(send("/warehouses/1.json", Some("50")).await, 409);
     let marks = e.admission.marks();
     assert_eq!((marks["warehouse-1"], marks["warehouse-12"]), (51, 40));
 }
@@ -270,57 +261,15 @@ async fn a_layer_with_a_resource_template_keeps_one_mark_per_entity() {
     let template = ResourceTemplate::parse("warehouse/{id}", pattern.names()).unwrap();
     let layer =
         FenceLayer::new(Arc::clone(&e.admission), "unused").with_template(pattern, template);
-    let svc = layer.layer(tower::service_fn(
-        |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
-        },
-    ));
-    let send = |path: &str, token: Option<&str>| {
-        let mut req = Request::post(path.to_owned());
-        if let Some(t) = token {
-            req = req.header("x-fencing-token", t);
-        }
-        svc.clone()
-            .oneshot(req.body(Full::new(Bytes::new())).unwrap())
-    };
-    assert_eq!(
-        send("/warehouses/7/stock", Some("51"))
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        send("/warehouses/8/stock", Some("40"))
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
-    assert_eq!(
-        send("/warehouses/7/stock", Some("50"))
-            .await
-            .unwrap()
-            .status(),
-        409
-    );
+    let send = posts_through(layer);
+    assert_eq!(send("/warehouses/7/stock", Some("51")).await, 200);
+    assert_eq!(send("/warehouses/8/stock", Some("40")).await, 200);
+    assert_eq!(send("/warehouses/7/stock", Some("50")).await, 409);
     // Another spelling of warehouse 7 is the same entity, or refused: never a fresh mark.
-    assert_eq!(
-        send("/warehouses/7/stock/", Some("50"))
-            .await
-            .unwrap()
-            .status(),
-        409
-    );
-    assert_eq!(
-        send("/warehouses/%37/stock", Some("50"))
-            .await
-            .unwrap()
-            .status(),
-        400
-    );
+    assert_eq!(send("/warehouses/7/stock/", Some("50")).await, 409);
+    assert_eq!(send("/warehouses/%37/stock", Some("50")).await, 400);
     // Paths the pattern does not match are not guarded.
-    assert_eq!(send("/health", None).await.unwrap().status(), 200);
+    assert_eq!(send("/health", None).await, 200);
     let marks = e.admission.marks();
     assert_eq!((marks["warehouse/7"], marks["warehouse/8"]), (51, 40));
 }
