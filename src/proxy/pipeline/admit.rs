@@ -94,7 +94,7 @@ impl Proxy {
             Routed::To(r) => r,
             Routed::MethodNotAllowed(r) => {
                 let allow = r.allow.clone();
-                note.route = Some(r);
+                note.routed(r);
                 let mut resp = self.refuse(
                     r,
                     Rejection::MethodNotAllowed,
@@ -120,7 +120,7 @@ impl Proxy {
                 ))
             }
         };
-        note.route = Some(route);
+        note.routed(route);
         // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
         // the next request on its connection, a request palisade never checked.
         let close_upstream = is_bodiless_method(req.method()) && has_body(req);

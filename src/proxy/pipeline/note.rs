@@ -25,10 +25,17 @@ pub(super) struct Note<'a> {
     pub(super) upstream: Option<&'a str>,
 }
 
-impl Note<'_> {
+impl<'a> Note<'a> {
     pub(super) fn set(&mut self, outcome: Outcome, token: Option<u64>) {
         self.outcome = Some(outcome);
         self.token = token;
+    }
+
+    /// The route that took the request, and its fixed resource (the fence replaces it with
+    /// the entity a template names).
+    pub(super) fn routed(&mut self, route: &'a Route) {
+        self.route = Some(route);
+        self.resource = route.resource.as_ref().map(Cow::Borrowed);
     }
 
     /// The request's resource, once routing and the fence chose it.
@@ -98,10 +105,7 @@ impl<'a> Logged<'a> {
 impl Drop for Logged<'_> {
     fn drop(&mut self) {
         let n = &self.note;
-        // The fence's (an entity, or the route's), or for refusals before it, the route's.
-        let resource = n
-            .resource()
-            .or_else(|| n.route.and_then(|r| r.resource.as_deref()));
+        let resource = n.resource();
         let (status, outcome) = match self.status {
             Some(s) => (s.as_u16(), n.outcome.map_or("", Outcome::as_str)),
             None => CLIENT_CLOSED,

@@ -36,7 +36,7 @@ impl Proxy {
     ) -> Response<Full<Bytes>> {
         note.set(Outcome::Stale, token);
         let m = &route.metrics;
-        let resource = note.resource().or(route.resource.as_deref());
+        let resource = note.resource();
         if let Some(c) = &m.stale {
             c.inc();
         }
@@ -85,10 +85,7 @@ impl Proxy {
         );
         let ctx = Context {
             route: Some(&route.settings.name),
-            resource: note
-                .resource()
-                .or(route.resource.as_deref())
-                .map(Resource::name),
+            resource: note.resource().map(Resource::name),
             token,
         };
         rejection.respond(ctx, grpc.as_ref())
@@ -107,8 +104,7 @@ impl Proxy {
         note: &mut Note<'_>,
     ) -> Response<Full<Bytes>> {
         note.set(outcome, token);
-        // Refusals before the fence (405, 413, ...) name the route's fixed resource.
-        let resource = note.resource().or(route.resource.as_deref());
+        let resource = note.resource();
         let whole = match (&rejection, resource) {
             (Rejection::Stale { token, mark }, Some(r)) => {
                 self.stale_log
