@@ -74,7 +74,7 @@ workers = 1
 listen = "127.0.0.1:$3"
 [marks]
 store = "file"
-path = "marks.json"
+path = "marks.db"
 [[upstream]]
 name = "legacy"
 url = "http://127.0.0.1:$4"

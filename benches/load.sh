@@ -22,6 +22,11 @@
 #        FAST_PATH=both benches/load.sh   runs palisade with `[proxy] http1_fast_path = true`
 #        ("palisade") and a second instance with it off ("hyper-path"), interleaved, and prints
 #        fast / hyper path. FAST_PATH=on or off sets it for the one palisade.
+#        TEMPLATED=100000 benches/load.sh   also runs palisade with a templated route
+#        (`path_pattern = "/w/{id}"`, `resource = "w/{id}"`, one mark per entity, 100000
+#        entities seeded at mark 5 and all opened during a warm-up pass), both palisades sent
+#        `/w/<n>` for n cycling over the entities (a wrk script), and prints templated / fixed
+#        (issue 22's goal: >= 0.95x).
 #        RESULTS_OUT=file benches/load.sh   also keeps every run's line there ("name conns rps
 #        p99_ms cpu_us_per_req"), for the spread behind the medians.
 # Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).
@@ -118,13 +123,48 @@ if [[ ${FAST_PATH:-} == both ]]; then
   wait_port "$HPAL"
 fi
 
+declare -A SCRIPT=()
+if [[ -n ${TEMPLATED:-} ]]; then
+  TPAL=$(free_port); TADM=$(free_port)
+  mkdir -p "$WORK/templated"
+  sed -e "s/127.0.0.1:$PAL/127.0.0.1:$TPAL/" -e "s/127.0.0.1:$ADM/127.0.0.1:$TADM/" \
+    -e '/^\[\[route\]\]$/,$d' "$WORK/palisade.toml" >"$WORK/templated/palisade.toml"
+  sed -i "s/^\[marks\]$/[marks]\nmax_cached = $((TEMPLATED * 3 / 2))/" "$WORK/templated/palisade.toml"
+  cat >>"$WORK/templated/palisade.toml" <<CONF
+[[route]]
+name = "bench"
+upstream = "legacy"
+path_pattern = "/w/{id}"
+resource = "w/{id}"
+max_marks = $((TEMPLATED * 2))
+CONF
+  # Every entity's mark is 5 already (a palisade 0.1 marks.json beside marks.db, migrated at
+  # start), so the runs measure equal-token admissions, as on the fixed route.
+  awk -v n="$TEMPLATED" 'BEGIN {printf "{\"format\":\"palisade-marks/1\",\"marks\":{"; for (i = 0; i < n; i++) printf "%s\"w/%d\":5", (i ? "," : ""), i; print "}}"}' \
+    >"$WORK/templated/marks.json"
+  cat >"$WORK/entities.lua" <<LUA
+local n = math.random(0, $TEMPLATED - 1)
+request = function()
+  n = (n + 1) % $TEMPLATED
+  return wrk.format(nil, "/w/" .. n)
+end
+LUA
+  RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/templated/palisade.toml" 2>"$WORK/templated.log" & PIDS+=($!)
+  PID[templated]=$!; PORT[templated]=$TPAL; NAMES+=(templated)
+  wait_port "$TPAL"
+  SCRIPT[palisade]=$WORK/entities.lua; SCRIPT[templated]=$WORK/entities.lua
+  # Opens every entity once (each first use reads its mark from the store).
+  "${LOAD_CPU[@]}" wrk -t1 -c64 -d"$((TEMPLATED / 20000 + 2))s" -s "$WORK/entities.lua" -H 'x-fencing-token: 5' "http://127.0.0.1:$TPAL/" >/dev/null
+fi
+
 TICK=$(getconf CLK_TCK)
 
 run_wrk() { # name conns -> "rps p99_ms cpu_us_per_req"
-  local port=${PORT[$1]} pid=${PID[$1]} out t0 t1 n
-  "${LOAD_CPU[@]}" wrk -t1 -c"$2" -d1s -H 'x-fencing-token: 5' "http://127.0.0.1:$port/orders/7" >/dev/null
+  local port=${PORT[$1]} pid=${PID[$1]} out t0 t1 n script=()
+  if [[ -n ${SCRIPT[$1]:-} ]]; then script=(-s "${SCRIPT[$1]}"); fi
+  "${LOAD_CPU[@]}" wrk -t1 -c"$2" -d1s "${script[@]}" -H 'x-fencing-token: 5' "http://127.0.0.1:$port/orders/7" >/dev/null
   t0=$(cpu_ticks "$pid")
-  out=$("${LOAD_CPU[@]}" wrk -t1 -c"$2" -d"${DURATION}s" --latency -H 'x-fencing-token: 5' "http://127.0.0.1:$port/orders/7")
+  out=$("${LOAD_CPU[@]}" wrk -t1 -c"$2" -d"${DURATION}s" --latency "${script[@]}" -H 'x-fencing-token: 5' "http://127.0.0.1:$port/orders/7")
   t1=$(cpu_ticks "$pid")
   if grep -q "Non-2xx" <<<"$out"; then echo "$1: non-2xx responses:" >&2; echo "$out" >&2; exit 1; fi
   n=$(awk '/requests in/ {print $1}' <<<"$out")
@@ -162,6 +202,11 @@ for c in $CONNS; do
   if [[ -n ${BASELINE:-} ]]; then
     awk -v p="$(stat palisade "$c" 3)" -v b="$(stat baseline "$c" 3)" -v pc="$(stat palisade "$c" 5)" \
       -v bc="$(stat baseline "$c" 5)" 'BEGIN {printf "       this build / baseline: rps %.3fx, cpu per request %.3fx\n", p / b, pc / bc}'
+  fi
+  if [[ -n ${TEMPLATED:-} ]]; then
+    awk -v t="$(stat templated "$c" 3)" -v f="$(stat palisade "$c" 3)" -v tc="$(stat templated "$c" 5)" \
+      -v fc="$(stat palisade "$c" 5)" -v n="$TEMPLATED" \
+      'BEGIN {printf "       templated (%d entities) / fixed route: rps %.3fx, cpu per request %.3fx\n", n, t / f, tc / fc}'
   fi
   if [[ ${FAST_PATH:-} == both ]]; then
     best=$(awk -v a="$(stat nginx "$c" 3)" -v b="$(stat haproxy "$c" 3)" 'BEGIN {print (a > b ? "nginx" : "haproxy")}')

@@ -98,7 +98,7 @@ CONF
   echo "$rps $p99 $(awk -v a="$((a1 - a0))" -v t="$(awk -v x="$t1" -v y="$t0" -v p="$p1" -v q="$p0" 'BEGIN {print x - y + p - q}')" 'BEGIN {if (a > 0) printf "%.4f", t / a; else print "n/a"}')"
 }
 
-FILE_MARKS=$'[marks]\nstore = "file"\npath = "marks.json"'
+FILE_MARKS=$'[marks]\nstore = "file"\npath = "marks.db"'
 etcd_marks() { printf '[marks]\nstore = "etcd"\n[marks.etcd]\nendpoints = ["http://127.0.0.1:%s"]\nprefix = "/bench/"\nconsistency = "%s"\n' "$ETCD" "$1"; }
 
 echo "palisade mark stores: $(nproc) cores, wrk -t1, ${DURATION}s per run, one replica"

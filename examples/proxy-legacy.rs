@@ -80,7 +80,7 @@ listen = "127.0.0.1:0"
 listen = "127.0.0.1:0"
 [marks]
 store = "file"
-path = "marks.json"
+path = "marks.db"
 [[upstream]]
 name = "legacy"
 url = "http://{legacy_addr}"
@@ -111,7 +111,7 @@ guard = {guard}
         std::future::pending::<()>(),
     ));
     println!("legacy service on {legacy_addr}, palisade on {proxy}, admin on {admin}");
-    println!("marks file: {}", dir.path().join("marks.json").display());
+    println!("marks file: {}", dir.path().join("marks.db").display());
 
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());

@@ -97,7 +97,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 listen = "127.0.0.1:0"
 [marks]
 store = "file"
-path = "marks.json"
+path = "marks.db"
 [[upstream]]
 name = "inventory"
 url = "http://{legacy_addr}"

@@ -50,7 +50,7 @@ struct Setup {
 async fn setup() -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
-    let marks = dir.path().join("marks.json");
+    let marks = dir.path().join("marks.db");
     let config = write(
         dir.path(),
         "palisade.toml",
@@ -86,8 +86,10 @@ fn stderr(o: &Output) -> String {
 }
 
 fn stored(marks: &Path) -> serde_json::Value {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(marks).unwrap()).unwrap();
-    v["marks"].clone()
+    let m = palisade::marks::file::read(marks)
+        .unwrap()
+        .unwrap_or_default();
+    serde_json::to_value(m).unwrap()
 }
 
 fn audit_log(marks: &Path) -> PathBuf {
@@ -115,7 +117,7 @@ async fn a_forged_token_is_recovered_with_an_audited_set_once_the_proxy_is_stopp
     let msg = stderr(&refused);
     assert!(msg.starts_with("error: a palisade process holds"), "{msg}");
     assert!(msg.contains(&s.marks.display().to_string()), "{msg}");
-    assert!(msg.contains("marks.json.lock"), "{msg}");
+    assert!(msg.contains("marks.db.lock"), "{msg}");
     assert_eq!(
         stored(&s.marks)["orders"].as_u64(),
         Some(u64::MAX),
@@ -287,7 +289,7 @@ async fn readyz_fails_when_the_marks_directory_takes_no_writes() {
     let dir = tempfile::tempdir().unwrap();
     let up = support::upstream().await;
     let sub = dir.path().join("d");
-    let marks = sub.join("marks.json");
+    let marks = sub.join("marks.db");
     let config = write(
         dir.path(),
         "palisade.toml",
@@ -300,9 +302,9 @@ async fn readyz_fails_when_the_marks_directory_takes_no_writes() {
     // can be written where the probe goes; as root, permission bits would not stop the write.
     // Nothing has probed yet (the first probe runs on the first /readyz), so the answer below
     // is not a result cached from before.
-    std::fs::create_dir(sub.join("marks.json.probe")).unwrap();
+    std::fs::create_dir(sub.join("marks.db.probe")).unwrap();
     let r = support::get(&readyz).await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "{}", r.text());
-    assert!(r.text().contains("marks.json.probe"), "{}", r.text());
+    assert!(r.text().contains("marks.db.probe"), "{}", r.text());
     assert!(r.text().contains("probe create failed"), "{}", r.text());
 }

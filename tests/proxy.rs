@@ -534,9 +534,13 @@ async fn store_that_cannot_write_answers_503_and_keeps_the_mark() {
         StatusCode::OK,
         "recovers once the store can write"
     );
-    let on_disk: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(marks_dir.join("marks.json")).unwrap()).unwrap();
-    assert_eq!(on_disk["marks"]["orders"], 11);
+    let on_disk = palisade::marks::file::read(&marks_dir.join("marks.json"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        on_disk["orders"], 11,
+        "every mark written back, the new one included"
+    );
 }
 
 async fn graceful_shutdown_lets_in_flight_requests_finish() {

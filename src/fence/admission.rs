@@ -189,30 +189,14 @@ impl Admission {
         let resources: Vec<S> = resources.into_iter().collect();
         let configured: std::collections::BTreeSet<&str> =
             resources.iter().map(AsRef::as_ref).collect();
-        // A shared store may hold millions of entities' marks: read only the configured
-        // resources' (entities are read on first use). A local store is read whole, which
-        // also tells which stored marks no route guards.
-        let local = store.consistency() == Consistency::Local;
-        let loaded = if local {
-            store.load().await
-        } else {
-            let names: Vec<String> = configured.iter().map(|n| (*n).to_owned()).collect();
-            store.load_named(&names).await
-        }
-        .inspect_err(|_| load.errors.inc())?;
+        // A store may hold millions of entities' marks: read only the configured resources'
+        // (entities are read on first use).
+        let names: Vec<String> = configured.iter().map(|n| (*n).to_owned()).collect();
+        let loaded = store
+            .load_named(&names)
+            .await
+            .inspect_err(|_| load.errors.inc())?;
         load.duration.observe(started.elapsed().as_secs_f64());
-        let orphaned: Vec<&String> = loaded
-            .keys()
-            .filter(|k| !configured.contains(k.as_str()))
-            .collect();
-        if !orphaned.is_empty() {
-            // Usually a renamed route without an explicit `resource`: its mark stays under the
-            // old name and the new name starts at 0.
-            tracing::warn!(
-                ?orphaned,
-                "the store holds marks for resources no route guards"
-            );
-        }
         let resources: Resources = resources
             .into_iter()
             .map(|name| {

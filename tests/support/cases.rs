@@ -98,12 +98,15 @@ pub type Seen = Arc<Mutex<Vec<(Option<u64>, u64)>>>;
 
 /// The mark of `orders` in a palisade marks file (0 when unreadable).
 pub fn stored(marks: &Path) -> u64 {
-    let text = std::fs::read_to_string(marks).unwrap_or_default();
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    v["marks"]["orders"].as_u64().unwrap_or(0)
+    palisade::marks::file::read(marks)
+        .ok()
+        .flatten()
+        .and_then(|m| m.get("orders").copied())
+        .unwrap_or(0)
 }
 
-/// Writes a marks file holding `orders = MARK`.
+/// Writes a marks file holding `orders = MARK`, in the JSON format of palisade 0.1 (migrated
+/// when the proxy or the layer opens it).
 pub fn seed(marks: &Path) {
     std::fs::create_dir_all(marks.parent().unwrap()).unwrap();
     std::fs::write(

@@ -84,7 +84,8 @@ impl Admission {
             // This process is the only writer of a local store, and only resources in the map
             // are ever advanced: nothing can change these marks between this read and the
             // insert below.
-            let all = self.store.load().await?;
+            let names: Vec<String> = missing.iter().cloned().collect();
+            let all = self.store.load_named(&names).await?;
             loaded.extend(missing.into_iter().map(|n| {
                 let m = all.get(&n).copied().unwrap_or(0);
                 (n, m)
@@ -174,7 +175,14 @@ impl Admission {
     /// The store's error when it cannot be read.
     pub async fn stored_mark(&self, name: &str) -> Result<u64, StoreError> {
         if self.store.consistency() == Consistency::Local {
-            Ok(self.store.load().await?.get(name).copied().unwrap_or(0))
+            let names = [name.to_owned()];
+            Ok(self
+                .store
+                .load_named(&names)
+                .await?
+                .get(name)
+                .copied()
+                .unwrap_or(0))
         } else {
             self.store.confirm(name).await
         }

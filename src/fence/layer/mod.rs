@@ -17,7 +17,7 @@
 //! use palisade::{admission::Admission, marks::FileStore, metrics::Metrics};
 //!
 //! let metrics = Metrics::new(prometheus::Registry::new())?;
-//! let store = Arc::new(FileStore::open("data/marks.json")?);
+//! let store = Arc::new(FileStore::open("data/marks.db")?);
 //! let admission = Arc::new(Admission::open(store, ["orders"], &metrics).await?);
 //! let layer = FenceLayer::new(admission, "orders");
 //! // axum: Router::new().route(..).layer(layer); tonic: Server::builder().layer(layer)

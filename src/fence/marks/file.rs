@@ -1,32 +1,52 @@
-//! The embedded default: every mark in one local JSON file, replaced atomically on each advance.
+//! The embedded default: every mark in one local SQLite database, advanced in place.
 //!
-//! An advance writes the whole map to `<path>.tmp`, fsyncs it, renames it over `<path>` and
-//! fsyncs the directory, so after a crash the file holds either the old or the new map, never a
-//! mix, and a reported success survives power loss. A file that does not parse is a startup
-//! error, never an empty map.
+//! An advance updates one row in a B-tree, O(log n) in the number of marks with every inner
+//! page cached, so it costs the same with one mark or millions. Advances go to one writer
+//! thread that commits all those waiting in one transaction, with one fsync of the write-ahead
+//! log (group commit, `src/fence/marks/file/writer.rs`); a commit returns only once durable (`synchronous = FULL`),
+//! so a reported advance survives `kill -9` and power loss. A file that is not a complete
+//! marks database (SQLite's `quick_check` runs at every open) is a startup error, never an
+//! empty store. Reads (an entity's mark on first use, `/marks`, `palisade marks list`) go
+//! through their own connection and never wait for a commit.
+//!
+//! Why SQLite: its WAL mode is decades old and gives exactly the three promises with one
+//! writer and readers in other processes (`palisade marks list` reads a live store). redb,
+//! the pure-Rust alternative, only allows another process to read a database held by a
+//! writer since 4.5 (an experimental mode until then), and a log with compaction written here
+//! would repeat what SQLite's WAL does. rusqlite builds SQLite from source (`bundled`), so
+//! nothing is needed on the machine.
 //!
 //! One process at a time: an open store holds an exclusive advisory lock on `<path>.lock` for
-//! its lifetime (a sidecar, because `<path>` itself is replaced on every write and a lock on a
-//! replaced inode protects nothing). A second proxy, or `palisade marks set`, on the same file
-//! is refused instead of silently overwriting the other's advances. The kernel drops the lock
-//! when the process dies, `kill -9` included.
+//! its lifetime. A second proxy, or `palisade marks set`, on the same file is refused instead
+//! of silently interleaving with the other's advances. The kernel drops the lock when the
+//! process dies, `kill -9` included.
+//!
+//! Marks files of the JSON format (`palisade-marks/1`, before 0.2) are migrated on first open:
+//! at `path` itself (the JSON kept as `<path>.v1.json`), or from `marks.json` beside a missing
+//! `marks.db` (then renamed `marks.json.migrated`), under the JSON file's own lock.
 //!
 //! Readiness is a real write: [`MarkStore::ready`] creates, writes, fsyncs and removes
 //! `<path>.probe`, at most once per [`PROBE_INTERVAL`].
 
+mod db;
+mod legacy;
+mod writer;
+
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{BoxFuture, MarkStore, Marks, StoreError};
-
-const FORMAT: &str = "palisade-marks/1";
+use db::{db_err, io_err, Found};
+use writer::{Counters, Live, Op, Writer};
 
 /// How long a readiness probe's result is reused. `/readyz` may be polled by several
 /// orchestrators at once; one fsync per second is a negligible load on the disk, one per poll
@@ -38,14 +58,7 @@ pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 /// same one instead of piling another blocked thread on top.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct OnDisk {
-    format: String,
-    marks: Marks,
-}
-
-/// Marks in a local file (see the module docs for the write protocol and the lock).
+/// Marks in a local database file (see the module docs for the writes and the lock).
 #[derive(Debug, Clone)]
 pub struct FileStore {
     inner: Arc<Inner>,
@@ -54,18 +67,28 @@ pub struct FileStore {
 #[derive(Debug)]
 struct Inner {
     path: PathBuf,
-    tmp: PathBuf,
     dir: PathBuf,
     probe_path: PathBuf,
-    // What the file holds now. Held across the write so file writes never interleave.
-    marks: Mutex<Marks>,
-    // Holds the exclusive lock on `<path>.lock`; closing it (drop) releases the lock.
-    _lock: File,
+    // Declared before `reader`: dropping it waits for the writer to finish and unlock.
+    writer: Writer,
+    reader: Arc<Mutex<Connection>>,
+    counters: Arc<Counters>,
     // An async mutex: concurrent `/readyz` callers queue behind the one probe in flight and
     // then reuse its result rather than each starting a probe.
     probe: tokio::sync::Mutex<ProbeState>,
     #[cfg(test)]
     probes_started: std::sync::atomic::AtomicUsize,
+    #[cfg(test)]
+    gate: Arc<Mutex<()>>,
+}
+
+/// What a store has written since it opened (for benchmarks and tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileStats {
+    /// Changes (advances and sets) committed.
+    pub changes: u64,
+    /// Transactions committed: each is one fsync of the log.
+    pub commits: u64,
 }
 
 #[derive(Debug, Default)]
@@ -105,67 +128,68 @@ impl ProbeFailure {
     }
 }
 
-/// `<path><suffix>`, e.g. `marks.json` -> `marks.json.lock`.
-fn sidecar(path: &Path, suffix: &str) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(suffix);
-    p.into()
-}
-
 /// The lock file that a running proxy (or `palisade marks set`) holds for the marks file `path`.
 pub fn lock_path(path: &Path) -> PathBuf {
-    sidecar(path, ".lock")
+    db::sidecar(path, ".lock")
+}
+
+/// The directory `path` is in (`.` for a bare name).
+fn dir_of(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 impl FileStore {
-    /// Opens (or creates) the marks file at `path` and locks it for this process.
+    /// Opens (or creates) the marks database at `path` and locks it for this process.
     ///
     /// A missing file starts empty and is created at once, which also proves the directory is
-    /// writable; a file that exists must parse completely.
+    /// writable; a JSON marks file is migrated (module docs); a database must be complete.
     ///
     /// # Errors
     /// [`StoreError::Locked`] when another process (a running proxy, `palisade marks set`)
-    /// holds the file, [`StoreError::Corrupt`] for a file that is not a complete marks file,
-    /// and [`StoreError::Io`] when it cannot be read or the initial write fails.
+    /// holds the file, [`StoreError::Corrupt`] or [`StoreError::CorruptDatabase`] for a file
+    /// that is not a complete marks file, and [`StoreError::Io`] or [`StoreError::Database`]
+    /// when it cannot be read or created.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, StoreError> {
         let path = path.into();
-        let dir = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
-        // The lock comes first: reading the file before holding it could load a map that the
-        // holder replaces a moment later.
-        let lock = take_lock(&path, &dir)?;
-        let marks = match fs::read(&path) {
-            Ok(bytes) => parse(&path, &bytes)?,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // Fine on a first start; after a moved config or an unmounted volume it means
-                // every mark starts again at 0, so say it loudly.
-                tracing::warn!(
-                    path = %path.display(),
-                    "marks file does not exist: creating it, every resource starts with no mark"
-                );
-                Marks::new()
-            }
-            Err(e) => return Err(io_err(&path, "read")(e)),
-        };
-        let inner = Inner {
-            tmp: sidecar(&path, ".tmp"),
-            probe_path: sidecar(&path, ".probe"),
-            path,
-            dir,
-            marks: Mutex::new(marks),
-            _lock: lock,
-            probe: tokio::sync::Mutex::default(),
+        let dir = dir_of(&path);
+        fs::create_dir_all(&dir).map_err(|e| io_err(&dir, "create directory", e))?;
+        // The lock comes first: reading the file before holding it could read marks that the
+        // holder changes a moment later.
+        let lock = take_lock(&path)?;
+        prepare(&path, &dir)?;
+        let conn = db::open_writer(&path)?;
+        let reader = Arc::new(Mutex::new(db::open_reader(&path)?));
+        let counters = Arc::new(Counters::default());
+        #[cfg(test)]
+        let gate = Arc::new(Mutex::new(()));
+        let writer = Writer::start(Live {
+            identity: writer::identity(&path)?,
+            path: path.clone(),
+            dir: dir.clone(),
+            conn,
+            reader: Arc::clone(&reader),
+            lock,
+            counters: Arc::clone(&counters),
             #[cfg(test)]
-            probes_started: std::sync::atomic::AtomicUsize::new(0),
-        };
-        {
-            let marks = inner.marks.lock().unwrap_or_else(|e| e.into_inner());
-            inner.write(&marks)?;
-        }
+            gate: Arc::clone(&gate),
+        })?;
         Ok(Self {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner {
+                probe_path: db::sidecar(&path, ".probe"),
+                path,
+                dir,
+                writer,
+                reader,
+                counters,
+                probe: tokio::sync::Mutex::default(),
+                #[cfg(test)]
+                probes_started: std::sync::atomic::AtomicUsize::new(0),
+                #[cfg(test)]
+                gate,
+            }),
         })
     }
 
@@ -174,40 +198,115 @@ impl FileStore {
         &self.inner.path
     }
 
-    /// Every mark the file holds now.
-    pub fn marks(&self) -> Marks {
+    /// Changes and commits since the store opened.
+    pub fn stats(&self) -> FileStats {
+        FileStats {
+            changes: self.inner.counters.changes.load(Relaxed),
+            commits: self.inner.counters.commits.load(Relaxed),
+        }
+    }
+
+    /// The stored mark of `resource` (0 when none), read now.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the file cannot be read.
+    pub fn mark(&self, resource: &str) -> Result<u64, StoreError> {
         self.inner
-            .marks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .read(|c| db::get(c, resource))
+            .map(|m| m.unwrap_or(0))
     }
 
     /// Sets `resource`'s mark to `value`, lower or higher; 0 removes it. Returns the previous
-    /// mark (0 when there was none). Same durable write as an advance.
+    /// mark (0 when there was none). Same durable write as an advance. Blocks: not for async
+    /// code.
     ///
     /// Only for the operator's recovery (`palisade marks set`): lowering a mark re-admits every
     /// holder of a token at or above `value`, zombies included. The proxy itself only ever
     /// calls [`MarkStore::persist`], which never lowers.
     #[cfg_attr(not(feature = "proxy"), allow(dead_code))] // used by `palisade marks set`
     pub(crate) fn overwrite(&self, resource: &str, value: u64) -> Result<u64, StoreError> {
-        let mut current = self.inner.marks.lock().unwrap_or_else(|e| e.into_inner());
-        let old = current.get(resource).copied().unwrap_or(0);
-        let mut next = current.clone();
-        if value == 0 {
-            next.remove(resource);
-        } else {
-            next.insert(resource.to_owned(), value);
-        }
-        self.inner.write(&next)?;
-        *current = next;
-        Ok(old)
+        let (reply, answer) = oneshot::channel();
+        self.inner.writer.send(Op::Set {
+            resource: resource.to_owned(),
+            value,
+            reply,
+        });
+        answer
+            .blocking_recv()
+            .map_err(|_| self.inner.writer_gone())?
+    }
+
+    /// Advances `resource` to `mark` (never lowering) and waits: [`MarkStore::persist`]
+    /// without a runtime.
+    #[cfg(test)]
+    fn persist_blocking(&self, resource: &str, mark: u64) -> Result<u64, StoreError> {
+        self.inner
+            .advance(resource.to_owned(), mark)
+            .blocking_recv()
+            .map_err(|_| self.inner.writer_gone())?
     }
 }
 
-/// Creates the directory if needed and takes the exclusive lock on `<path>.lock`.
-fn take_lock(path: &Path, dir: &Path) -> Result<File, StoreError> {
-    fs::create_dir_all(dir).map_err(io_err(dir, "create directory"))?;
+/// Makes `path` a marks database: created empty when nothing is there, migrated from a JSON
+/// marks file (module docs). Every step leaves `path` as it was or complete.
+fn prepare(path: &Path, dir: &Path) -> Result<(), StoreError> {
+    match db::found(path)? {
+        Found::Database => Ok(()),
+        Found::Other => {
+            let bytes = fs::read(path).map_err(|e| io_err(path, "read", e))?;
+            let marks = legacy::parse(path, &bytes)?;
+            let kept = legacy::kept(path, true);
+            // The JSON stays reachable under a second name, then the database replaces it
+            // in one rename: `path` is the JSON or the database at every moment.
+            let _ = fs::remove_file(&kept);
+            fs::hard_link(path, &kept).map_err(|e| io_err(&kept, "link", e))?;
+            let tmp = db::sidecar(path, ".migrating");
+            let _ = fs::remove_file(&tmp); // left by a migration that crashed
+            db::create(&tmp, dir, ".build", &marks)?;
+            fs::rename(&tmp, path).map_err(|e| io_err(path, "rename", e))?;
+            sync_dir(dir).map_err(|e| io_err(dir, "fsync directory", e))?;
+            tracing::info!(
+                path = %path.display(),
+                marks = marks.len(),
+                kept = %kept.display(),
+                "migrated the JSON marks file to a marks database in place"
+            );
+            Ok(())
+        }
+        Found::Missing => match legacy::sibling(path).filter(|s| s.exists()) {
+            Some(json) => {
+                // Under the JSON file's lock: an older palisade still running on it is
+                // refused, instead of advancing marks this migration would not see.
+                let _old = take_lock(&json)?;
+                let bytes = fs::read(&json).map_err(|e| io_err(&json, "read", e))?;
+                let marks = legacy::parse(&json, &bytes)?;
+                db::create(path, dir, ".migrating", &marks)?;
+                let kept = legacy::kept(&json, false);
+                fs::rename(&json, &kept).map_err(|e| io_err(&json, "rename", e))?;
+                sync_dir(dir).map_err(|e| io_err(dir, "fsync directory", e))?;
+                tracing::info!(
+                    path = %path.display(),
+                    from = %json.display(),
+                    marks = marks.len(),
+                    "migrated the JSON marks file to a marks database"
+                );
+                Ok(())
+            }
+            None => {
+                // Fine on a first start; after a moved config or an unmounted volume it means
+                // every mark starts again at 0, so say it loudly.
+                tracing::warn!(
+                    path = %path.display(),
+                    "marks file does not exist: creating it, every resource starts with no mark"
+                );
+                db::create(path, dir, ".creating", &Marks::new())
+            }
+        },
+    }
+}
+
+/// Takes the exclusive lock on `<path>.lock` (the directory exists).
+fn take_lock(path: &Path) -> Result<File, StoreError> {
     let lock_path = lock_path(path);
     // Never truncated and never removed: removing it would let a second process lock a new
     // inode while the first still holds the old one.
@@ -217,55 +316,57 @@ fn take_lock(path: &Path, dir: &Path) -> Result<File, StoreError> {
         .create(true)
         .truncate(false)
         .open(&lock_path)
-        .map_err(io_err(&lock_path, "open lock file"))?;
+        .map_err(|e| io_err(&lock_path, "open lock file", e))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
         Err(TryLockError::WouldBlock) => Err(StoreError::Locked {
             path: path.to_path_buf(),
             lock: lock_path,
         }),
-        Err(TryLockError::Error(e)) => Err(io_err(&lock_path, "lock")(e)),
+        Err(TryLockError::Error(e)) => Err(io_err(&lock_path, "lock", e)),
     }
 }
 
-/// Reads the marks file at `path` without locking it: `None` when it does not exist.
+/// Reads the marks at `path` without locking it: `None` when there is no marks file.
 ///
-/// A consistent snapshot even while a proxy writes it, since every write replaces the file
-/// by rename.
+/// A consistent snapshot even while a proxy writes it. Reads a database, a JSON marks file
+/// not migrated yet, or the `marks.json` a missing `marks.db` would be migrated from.
 ///
 /// # Errors
-/// [`StoreError::Io`] when it cannot be read, [`StoreError::Corrupt`] when it is not a
-/// marks file.
+/// [`StoreError::Io`] or [`StoreError::Database`] when it cannot be read,
+/// [`StoreError::Corrupt`] or [`StoreError::CorruptDatabase`] when it is not a marks file.
 pub fn read(path: &Path) -> Result<Option<Marks>, StoreError> {
-    match fs::read(path) {
-        Ok(bytes) => parse(path, &bytes).map(Some),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(io_err(path, "read")(e)),
-    }
+    read_list(path, "", usize::MAX)
 }
 
-fn parse(path: &Path, bytes: &[u8]) -> Result<Marks, StoreError> {
-    let corrupt = |source: serde_json::Error| StoreError::Corrupt {
-        path: path.to_path_buf(),
-        line: source.line(),
-        column: source.column(),
-        source,
+/// Like [`read`], only the first `limit` marks of names starting with `prefix`.
+///
+/// # Errors
+/// As [`read`].
+pub fn read_list(path: &Path, prefix: &str, limit: usize) -> Result<Option<Marks>, StoreError> {
+    let from_json = |p: &Path| -> Result<Option<Marks>, StoreError> {
+        let bytes = fs::read(p).map_err(|e| io_err(p, "read", e))?;
+        let marks = legacy::parse(p, &bytes)?;
+        Ok(Some(
+            marks
+                .into_iter()
+                .filter(|(n, _)| n.starts_with(prefix))
+                .take(limit)
+                .collect(),
+        ))
     };
-    let on_disk: OnDisk = serde_json::from_slice(bytes).map_err(corrupt)?;
-    if on_disk.format != FORMAT {
-        return Err(corrupt(serde::de::Error::custom(format!(
-            "unknown format {:?}, expected {FORMAT:?}",
-            on_disk.format
-        ))));
-    }
-    Ok(on_disk.marks)
-}
-
-fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> StoreError + 'a {
-    move |source| StoreError::Io {
-        path: path.to_path_buf(),
-        op,
-        source,
+    match db::found(path)? {
+        Found::Database => {
+            let conn = db::open_reader(path)?;
+            db::list(&conn, prefix, limit)
+                .map(Some)
+                .map_err(db_err(path, "read"))
+        }
+        Found::Other => from_json(path),
+        Found::Missing => match legacy::sibling(path).filter(|s| s.exists()) {
+            Some(json) => from_json(&json),
+            None => Ok(None),
+        },
     }
 }
 
@@ -275,37 +376,38 @@ pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
 }
 
 impl Inner {
-    fn write(&self, marks: &Marks) -> Result<(), StoreError> {
-        let doc = OnDisk {
-            format: FORMAT.to_owned(),
-            marks: marks.clone(),
-        };
-        let mut bytes = serde_json::to_vec_pretty(&doc).expect("a map of integers serializes");
-        bytes.push(b'\n');
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&self.tmp)
-            .map_err(io_err(&self.tmp, "create"))?;
-        f.write_all(&bytes).map_err(io_err(&self.tmp, "write"))?;
-        f.sync_all().map_err(io_err(&self.tmp, "fsync"))?;
-        drop(f);
-        fs::rename(&self.tmp, &self.path).map_err(io_err(&self.path, "rename"))?;
-        // The rename is durable only once the directory entry is.
-        sync_dir(&self.dir).map_err(io_err(&self.dir, "fsync directory"))
+    fn advance(&self, resource: String, mark: u64) -> oneshot::Receiver<Result<u64, StoreError>> {
+        let (reply, answer) = oneshot::channel();
+        self.writer.send(Op::Advance {
+            resource,
+            mark,
+            reply,
+        });
+        answer
     }
 
-    fn persist(&self, resource: &str, mark: u64) -> Result<u64, StoreError> {
-        let mut current = self.marks.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&m) = current.get(resource).filter(|&&m| m >= mark) {
-            return Ok(m);
-        }
-        let mut next = current.clone();
-        next.insert(resource.to_owned(), mark);
-        self.write(&next)?;
-        *current = next;
-        Ok(mark)
+    fn writer_gone(&self) -> StoreError {
+        io_err(
+            &self.path,
+            "write",
+            io::Error::other("the marks writer thread has stopped"),
+        )
+    }
+
+    /// Runs `f` on the read connection.
+    fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
+        let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        f(&conn).map_err(db_err(&self.path, "read"))
+    }
+
+    /// Runs `f` on the read connection on the blocking pool.
+    fn read_async<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> BoxFuture<'static, Result<T, StoreError>> {
+        let inner = Arc::clone(self);
+        let task = tokio::task::spawn_blocking(move || inner.read(f));
+        Box::pin(async move { task.await.map_err(StoreError::TaskLost)? })
     }
 
     /// One readiness probe: the same system calls as an advance (create, write, fsync, a
@@ -373,8 +475,7 @@ impl MarkStore for FileStore {
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>> {
-        let marks = self.marks();
-        Box::pin(async move { Ok(marks) })
+        self.inner.read_async(|c| db::list(c, "", usize::MAX))
     }
 
     fn persist<'a>(
@@ -382,12 +483,29 @@ impl MarkStore for FileStore {
         resource: &'a str,
         mark: u64,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        // Queued at once: the writer commits it even if the caller goes away.
+        let answer = self.inner.advance(resource.to_owned(), mark);
         let inner = Arc::clone(&self.inner);
-        let resource = resource.to_owned();
-        // spawn_blocking runs to completion even if the caller goes away, so a write is never
-        // abandoned half-way and the in-memory copy always matches the file.
-        let task = tokio::task::spawn_blocking(move || inner.persist(&resource, mark));
-        Box::pin(async move { task.await.map_err(StoreError::TaskLost)? })
+        Box::pin(async move { answer.await.map_err(|_| inner.writer_gone())? })
+    }
+
+    fn load_named<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        let names = names.to_vec();
+        self.inner.read_async(move |c| db::get_many(c, &names))
+    }
+
+    fn count<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        let prefix = prefix.to_owned();
+        self.inner.read_async(move |c| db::count(c, &prefix))
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        let prefix = prefix.to_owned();
+        self.inner.read_async(move |c| db::list(c, &prefix, limit))
     }
 
     /// A real write in the marks directory (create, write, fsync, remove `<path>.probe`,

@@ -41,6 +41,15 @@ impl MarkStore for MemoryStore {
         Box::pin(async move { Ok(marks) })
     }
 
+    fn load_named<'a>(&'a self, names: &'a [String]) -> BoxFuture<'a, Result<Marks, StoreError>> {
+        let marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+        let found = names
+            .iter()
+            .filter_map(|n| marks.get(n).map(|m| (n.clone(), *m)))
+            .collect();
+        Box::pin(async move { Ok(found) })
+    }
+
     fn persist<'a>(
         &'a self,
         resource: &'a str,

@@ -1,6 +1,7 @@
 //! Mark stores: where high-water marks live so that they survive restarts (DESIGN 4).
 //!
-//! A store is asked for two things: every mark at start ([`MarkStore::load`]), and to make one
+//! A store is asked for two things: the marks of the resources a guard opens
+//! ([`MarkStore::load_named`], at start and as entities are first used), and to make one
 //! advance durable before the guard publishes it ([`MarkStore::persist`]). A store that cannot
 //! persist returns an error and the request is refused with 503: a mark that only lived in
 //! memory would let a zombie in after a restart.
@@ -34,7 +35,7 @@ pub trait MarkStore: Send + Sync + 'static {
     /// A short name for logs and metric labels: `memory`, `file`, `etcd`.
     fn kind(&self) -> &'static str;
 
-    /// Every mark the store holds.
+    /// Every mark the store holds (for tools and tests: guards read marks by name).
     fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>>;
 
     /// Makes `mark` durable for `resource` unless the store already holds a higher one, and
@@ -132,7 +133,7 @@ pub enum Consistency {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// Reading or writing the marks file failed.
+    /// Reading or writing the marks file (or its directory) failed.
     #[error("marks file {path}: {op} failed: {source}")]
     Io {
         /// The file or directory involved.
@@ -160,6 +161,29 @@ pub enum StoreError {
         /// What the JSON parser found.
         #[source]
         source: serde_json::Error,
+    },
+    /// The marks database could not be opened, read or committed to.
+    #[error("marks file {path}: {op} failed: {source}")]
+    Database {
+        /// The marks file.
+        path: PathBuf,
+        /// What was being done: `open`, `read`, `commit`, ...
+        op: &'static str,
+        /// SQLite's error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The marks file is a damaged database, or a database that is not palisade's. Never
+    /// treated as empty.
+    #[error(
+        "marks file {path} is corrupt: {problem}; refusing to start (restore it from a \
+         backup, or delete it only if every resource's owner has been re-elected since)"
+    )]
+    CorruptDatabase {
+        /// The marks file.
+        path: PathBuf,
+        /// What SQLite or the format check found.
+        problem: String,
     },
     /// Another process holds the marks file: a running proxy, or `palisade marks set`. Two
     /// writers would each keep their own copy of the map and overwrite the other's advances.

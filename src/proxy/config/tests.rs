@@ -37,7 +37,7 @@ fn base_config_is_valid_with_defaults() {
     assert_eq!(
         c.marks,
         MarksSettings::File {
-            path: PathBuf::from("conf/data/marks.json")
+            path: PathBuf::from("conf/data/marks.db")
         }
     );
     assert_eq!(c.fencing.header.as_str(), "x-fencing-token");

@@ -210,7 +210,7 @@ impl Validator<'_> {
                 }
             },
             (raw::StoreKind::File, p) => {
-                let p = p.map_or_else(|| "data/marks.json".to_owned(), Spanned::into_inner);
+                let p = p.map_or_else(|| "data/marks.db".to_owned(), Spanned::into_inner);
                 if p.is_empty() {
                     return Err(self.error(0, "marks.path", "must not be empty"));
                 }

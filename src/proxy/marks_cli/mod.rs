@@ -219,10 +219,11 @@ impl Target {
         }
     }
 
-    /// Every stored mark, without locking; `None` when the store holds nothing yet.
-    fn read(&self) -> Result<Option<Marks>, StoreError> {
+    /// The first `limit` stored marks under `prefix`, without locking; `None` when the
+    /// store holds nothing yet.
+    fn read(&self, prefix: &str, limit: usize) -> Result<Option<Marks>, StoreError> {
         match self {
-            Target::File(path) => file::read(path),
+            Target::File(path) => file::read_list(path, prefix, limit),
         }
     }
 
@@ -246,9 +247,9 @@ enum Locked {
 }
 
 impl Locked {
-    fn get(&self, resource: &str) -> u64 {
+    fn get(&self, resource: &str) -> Result<u64, StoreError> {
         match self {
-            Locked::File(s) => s.marks().get(resource).copied().unwrap_or(0),
+            Locked::File(s) => s.mark(resource),
         }
     }
 
@@ -283,7 +284,7 @@ fn list(
 ) -> Result<(), CliError> {
     let config = Config::load(config_path)?;
     let target = Target::of(&config)?;
-    let Some(marks) = target.read()? else {
+    let Some(marks) = target.read(prefix, limit)? else {
         writeln!(
             out,
             "no marks: {} does not exist (no mark stored yet)",
@@ -292,11 +293,6 @@ fn list(
         .map_err(CliError::Output)?;
         return Ok(());
     };
-    let marks: Marks = marks
-        .into_iter()
-        .filter(|(n, _)| n.starts_with(prefix))
-        .take(limit)
-        .collect();
     if marks.is_empty() {
         writeln!(out, "no marks in {}", target.describe()).map_err(CliError::Output)?;
         return Ok(());
@@ -326,8 +322,9 @@ fn set(
     let target = Target::of(&config)?;
     if !force {
         // Only to make the refusal informative; nothing is locked or written.
+        // (The name itself sorts first among the names it starts.)
         let current = target
-            .read()
+            .read(resource, 1)
             .ok()
             .map(|m| m.and_then(|m| m.get(resource).copied()).unwrap_or(0));
         return Err(CliError::NotForced {
@@ -337,7 +334,7 @@ fn set(
         });
     }
     let store = target.lock()?;
-    let old = store.get(resource);
+    let old = store.get(resource)?;
     let who = Who::current();
     let log = target.audit_log();
     let line = serde_json::json!({

@@ -1,101 +1,327 @@
 use super::*;
 
+fn json(marks: &[(&str, u64)]) -> Vec<u8> {
+    let marks: Marks = marks.iter().map(|(n, m)| ((*n).to_owned(), *m)).collect();
+    serde_json::to_vec(&serde_json::json!({"format": "palisade-marks/1", "marks": marks})).unwrap()
+}
+
+fn all(store: &FileStore) -> Marks {
+    store.inner.read(|c| db::list(c, "", usize::MAX)).unwrap()
+}
+
 #[test]
 fn advances_survive_reopen_and_never_go_down() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("marks.json");
+    let path = dir.path().join("marks.db");
     let store = FileStore::open(&path).unwrap();
-    store.inner.persist("orders", 51).unwrap();
-    store.inner.persist("orders", 34).unwrap();
-    store.inner.persist("billing", 7).unwrap();
+    assert_eq!(store.persist_blocking("orders", 51).unwrap(), 51);
+    assert_eq!(
+        store.persist_blocking("orders", 34).unwrap(),
+        51,
+        "the higher mark wins"
+    );
+    store.persist_blocking("billing", 7).unwrap();
+    store.persist_blocking("huge", u64::MAX).unwrap();
+    store.persist_blocking("huge", u64::MAX - 1).unwrap();
+    store.persist_blocking("high", (1 << 63) + 5).unwrap();
+    store.persist_blocking("high", 1 << 62).unwrap();
     drop(store);
     let again = FileStore::open(&path).unwrap();
-    let marks = again.inner.marks.lock().unwrap().clone();
-    assert_eq!(marks.get("orders"), Some(&51));
-    assert_eq!(marks.get("billing"), Some(&7));
+    assert_eq!(
+        all(&again),
+        Marks::from([
+            ("billing".into(), 7),
+            ("high".into(), (1 << 63) + 5),
+            ("huge".into(), u64::MAX),
+            ("orders".into(), 51)
+        ])
+    );
+    assert_eq!(again.mark("orders").unwrap(), 51);
+    assert_eq!(again.mark("none").unwrap(), 0);
 }
 
 #[test]
-fn truncated_or_corrupt_files_refuse_to_open() {
+fn damaged_or_foreign_files_refuse_to_open_and_are_left_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("marks.json");
-    FileStore::open(&path)
-        .unwrap()
-        .inner
-        .persist("orders", 51)
-        .unwrap();
+    let path = dir.path().join("marks.db");
+    let store = FileStore::open(&path).unwrap();
+    for i in 0..2000 {
+        store
+            .persist_blocking(&format!("entity/{i:05}"), 10 + i)
+            .unwrap();
+    }
+    drop(store);
     let full = fs::read(&path).unwrap();
-    for cut in [0, 1, full.len() / 2, full.len() - 3] {
-        fs::write(&path, &full[..cut]).unwrap();
+    assert!(full.len() > 8 * 4096, "several pages: {}", full.len());
+    let other = dir.path().join("other.db");
+    {
+        let c = Connection::open(&other).unwrap();
+        c.execute_batch("CREATE TABLE t (x); INSERT INTO t VALUES (1);")
+            .unwrap();
+    }
+    let mut flipped = full.clone();
+    let at = full.len() / 2;
+    for b in &mut flipped[at..at + 4096] {
+        *b ^= 0x5a;
+    }
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("header cut", full[..10].to_vec()),
+        ("half", full[..full.len() / 2].to_vec()),
+        ("flipped page", flipped),
+        ("garbage", b"\x00\x01not a marks file".to_vec()),
+        ("another database", fs::read(&other).unwrap()),
+        (
+            "bad JSON",
+            br#"{"format":"palisade-marks/1","marks":{"orders":-1}}"#.to_vec(),
+        ),
+        (
+            "other JSON format",
+            br#"{"format":"other","marks":{}}"#.to_vec(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        fs::write(&path, &bytes).unwrap();
         let err = FileStore::open(&path).unwrap_err();
         assert!(
-            matches!(err, StoreError::Corrupt { .. }),
-            "cut at {cut}: {err}"
+            matches!(
+                err,
+                StoreError::Corrupt { .. } | StoreError::CorruptDatabase { .. }
+            ),
+            "{what}: {err}"
+        );
+        assert!(
+            err.to_string().contains("refusing to start"),
+            "{what}: {err}"
+        );
+        assert!(
+            fs::read(&path).unwrap() == bytes,
+            "{what}: the file is left as it was"
+        );
+        assert!(
+            read(&path).is_err(),
+            "{what}: `palisade marks` refuses it too"
         );
     }
-    fs::write(
-        &path,
-        br#"{"format":"palisade-marks/1","marks":{"orders":-1}}"#,
-    )
-    .unwrap();
-    assert!(matches!(
-        FileStore::open(&path),
-        Err(StoreError::Corrupt { .. })
-    ));
-    fs::write(&path, br#"{"format":"other","marks":{}}"#).unwrap();
-    assert!(matches!(
-        FileStore::open(&path),
-        Err(StoreError::Corrupt { .. })
-    ));
 }
 
 #[test]
-fn a_failed_write_keeps_the_previous_state() {
+fn a_json_marks_file_is_migrated_in_place_and_kept_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.json");
+    let before = json(&[("orders", 51), ("warehouse/7", u64::MAX)]);
+    fs::write(&path, &before).unwrap();
+    assert_eq!(
+        read(&path).unwrap().unwrap()["orders"],
+        51,
+        "read before migration"
+    );
+    // A migration that crashed half-way left its file behind.
+    fs::write(dir.path().join("marks.json.migrating"), b"partial").unwrap();
+
+    let store = FileStore::open(&path).unwrap();
+    assert_eq!(db::found(&path).unwrap(), Found::Database);
+    assert_eq!(
+        fs::read(dir.path().join("marks.json.v1.json")).unwrap(),
+        before
+    );
+    assert_eq!(
+        all(&store),
+        Marks::from([("orders".into(), 51), ("warehouse/7".into(), u64::MAX)])
+    );
+    store.persist_blocking("orders", 60).unwrap();
+    drop(store);
+    assert_eq!(read(&path).unwrap().unwrap()["orders"], 60);
+    assert_eq!(FileStore::open(&path).unwrap().mark("orders").unwrap(), 60);
+}
+
+#[test]
+fn marks_json_beside_a_missing_marks_db_is_migrated_under_its_own_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let old = dir.path().join("marks.json");
+    let path = dir.path().join("marks.db");
+    fs::write(&old, json(&[("orders", 51)])).unwrap();
+    assert_eq!(
+        read(&path).unwrap().unwrap()["orders"],
+        51,
+        "read from beside"
+    );
+
+    // An older palisade still running on marks.json holds its lock: no migration.
+    let held = take_lock(&old).unwrap();
+    let err = FileStore::open(&path).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Locked { ref lock, .. } if lock.ends_with("marks.json.lock")),
+        "{err}"
+    );
+    assert!(!path.exists() && old.exists());
+    drop(held);
+
+    let store = FileStore::open(&path).unwrap();
+    assert_eq!(store.mark("orders").unwrap(), 51);
+    assert!(!old.exists(), "the JSON file is renamed, never read again");
+    assert!(dir.path().join("marks.json.migrated").exists());
+    drop(store);
+    assert_eq!(FileStore::open(&path).unwrap().mark("orders").unwrap(), 51);
+}
+
+#[test]
+fn a_missing_file_is_created_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sub/dir/marks.db");
+    assert!(read(&path).unwrap().is_none());
+    let store = FileStore::open(&path).unwrap();
+    assert!(all(&store).is_empty());
+    assert_eq!(read(&path).unwrap(), Some(Marks::new()));
+}
+
+#[test]
+fn concurrent_advances_share_one_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path().join("marks.db")).unwrap();
+    let held = store.inner.gate.lock().unwrap();
+    let answers: Vec<_> = (0..64u64)
+        .map(|i| store.inner.advance(format!("r/{}", i % 16), 100 + i))
+        .collect();
+    drop(held);
+    let results: Vec<u64> = answers
+        .into_iter()
+        .map(|a| a.blocking_recv().unwrap().unwrap())
+        .collect();
+    // Each answer is the mark after its own advance, in queue order.
+    assert_eq!(results, (100..164).collect::<Vec<_>>());
+    let stats = store.stats();
+    assert_eq!(stats.changes, 64);
+    assert!(stats.commits <= 2, "{stats:?}");
+    for i in 0..16u64 {
+        assert_eq!(store.mark(&format!("r/{i}")).unwrap(), 100 + 48 + i);
+    }
+}
+
+#[test]
+fn lists_and_counts_by_prefix_in_name_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = FileStore::open(dir.path().join("marks.db")).unwrap();
+    for name in [
+        "a",
+        "a/1",
+        "a/2",
+        "a\u{10FFFF}",
+        "a\u{7f}",
+        "ab",
+        "b",
+        "é/1",
+        "é\u{bf}",
+    ] {
+        store.persist_blocking(name, 5).unwrap();
+    }
+    let names = |m: Marks| m.into_keys().collect::<Vec<_>>();
+    let list = |p: &str, n: usize| store.inner.read(|c| db::list(c, p, n)).unwrap();
+    let count = |p: &str| store.inner.read(|c| db::count(c, p)).unwrap();
+    assert_eq!(
+        names(list("a", 100)),
+        ["a", "a/1", "a/2", "ab", "a\u{7f}", "a\u{10FFFF}"]
+    );
+    assert_eq!(count("a"), 6);
+    assert_eq!(names(list("a/", 1)), ["a/1"]);
+    assert_eq!(count("é"), 2);
+    assert_eq!(count(""), 9);
+    assert_eq!(count("c"), 0);
+    assert_eq!(names(list("", 2)), ["a", "a/1"]);
+    let file = read_list(store.path(), "a/", 10).unwrap().unwrap();
+    assert_eq!(names(file), ["a/1", "a/2"]);
+}
+
+#[test]
+fn a_removed_file_is_written_back_once_its_directory_exists_again() {
     let dir = tempfile::tempdir().unwrap();
     let sub = dir.path().join("d");
-    let path = sub.join("marks.json");
+    let path = sub.join("marks.db");
     let store = FileStore::open(&path).unwrap();
-    store.inner.persist("orders", 5).unwrap();
+    for i in 0..100 {
+        store.persist_blocking(&format!("e/{i}"), 5).unwrap();
+    }
     fs::remove_dir_all(&sub).unwrap();
-    assert!(store.inner.persist("orders", 9).is_err());
-    assert_eq!(store.inner.marks.lock().unwrap().get("orders"), Some(&5));
+    assert!(
+        store.persist_blocking("e/1", 9).is_err(),
+        "no directory: refused"
+    );
+    assert_eq!(
+        store.mark("e/1").unwrap(),
+        5,
+        "nothing of the refused advance"
+    );
+    fs::create_dir(&sub).unwrap();
+    assert_eq!(store.persist_blocking("e/1", 9).unwrap(), 9);
+    drop(store);
+    let again = FileStore::open(&path).unwrap();
+    assert_eq!(again.mark("e/1").unwrap(), 9);
+    assert_eq!(
+        again.mark("e/99").unwrap(),
+        5,
+        "marks never advanced since came back too"
+    );
+    assert_eq!(all(&again).len(), 100);
+
+    // Only the file removed (the lock file stays): written back at once.
+    fs::remove_file(&path).unwrap();
+    assert_eq!(again.persist_blocking("e/2", 9).unwrap(), 9);
+    assert_eq!(read(&path).unwrap().unwrap().len(), 100);
+    assert!(
+        matches!(FileStore::open(&path), Err(StoreError::Locked { .. })),
+        "still held"
+    );
+}
+
+#[test]
+fn a_file_replaced_while_open_is_never_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.db");
+    let store = FileStore::open(&path).unwrap();
+    store.persist_blocking("orders", 5).unwrap();
+    fs::rename(&path, dir.path().join("aside.db")).unwrap();
+    fs::write(&path, json(&[("orders", 1)])).unwrap();
+    let err = store.persist_blocking("orders", 9).unwrap_err();
+    assert!(err.to_string().contains("replaced the marks file"), "{err}");
+    assert_eq!(fs::read(&path).unwrap(), json(&[("orders", 1)]));
 }
 
 #[test]
 fn a_second_open_is_refused_while_the_first_holds_the_file() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("marks.json");
+    let path = dir.path().join("marks.db");
     let first = FileStore::open(&path).unwrap();
-    first.inner.persist("orders", 51).unwrap();
+    first.persist_blocking("orders", 51).unwrap();
     let err = FileStore::open(&path).unwrap_err();
     assert!(matches!(err, StoreError::Locked { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.contains(&path.display().to_string()), "{msg}");
-    assert!(msg.contains("marks.json.lock"), "{msg}");
+    assert!(msg.contains("marks.db.lock"), "{msg}");
+    assert_eq!(first.mark("orders").unwrap(), 51, "the holder is untouched");
     assert_eq!(
-        first.marks().get("orders"),
-        Some(&51),
-        "the holder is untouched"
+        read(&path).unwrap().unwrap()["orders"],
+        51,
+        "others may read"
     );
     drop(first);
     let again = FileStore::open(&path).unwrap();
-    assert_eq!(again.marks().get("orders"), Some(&51));
+    assert_eq!(again.mark("orders").unwrap(), 51);
 }
 
 #[test]
 fn overwrite_lowers_raises_and_removes_durably() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("marks.json");
+    let path = dir.path().join("marks.db");
     let store = FileStore::open(&path).unwrap();
-    store.inner.persist("orders", u64::MAX).unwrap();
-    store.inner.persist("billing", 7).unwrap();
+    store.persist_blocking("orders", u64::MAX).unwrap();
+    store.persist_blocking("billing", 7).unwrap();
     assert_eq!(store.overwrite("orders", 51).unwrap(), u64::MAX);
     assert_eq!(store.overwrite("billing", 0).unwrap(), 7);
     assert_eq!(store.overwrite("new", 3).unwrap(), 0);
     drop(store);
-    let marks = FileStore::open(&path).unwrap().marks();
+    let store = FileStore::open(&path).unwrap();
     assert_eq!(
-        marks,
+        all(&store),
         Marks::from([("orders".into(), 51), ("new".into(), 3)])
     );
 }
@@ -110,9 +336,9 @@ fn probes(store: &FileStore) -> usize {
 #[tokio::test(start_paused = true)]
 async fn readiness_is_a_real_write_whose_result_is_reused_for_the_interval() {
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("marks.json");
+    let path = dir.path().join("marks.db");
     let store = FileStore::open(&path).unwrap();
-    let probe = dir.path().join("marks.json.probe");
+    let probe = dir.path().join("marks.db.probe");
 
     store.ready().await.unwrap();
     assert_eq!(probes(&store), 1);
@@ -155,7 +381,7 @@ async fn readiness_is_a_real_write_whose_result_is_reused_for_the_interval() {
 async fn readiness_fails_when_the_marks_directory_is_gone_or_not_a_directory() {
     let dir = tempfile::tempdir().unwrap();
     let sub = dir.path().join("d");
-    let store = FileStore::open(sub.join("marks.json")).unwrap();
+    let store = FileStore::open(sub.join("marks.db")).unwrap();
     store.ready().await.unwrap();
 
     fs::remove_dir_all(&sub).unwrap();
@@ -183,7 +409,7 @@ async fn readiness_fails_when_the_marks_directory_is_gone_or_not_a_directory() {
 #[tokio::test(start_paused = true)]
 async fn concurrent_readiness_checks_share_one_probe() {
     let dir = tempfile::tempdir().unwrap();
-    let store = FileStore::open(dir.path().join("marks.json")).unwrap();
+    let store = FileStore::open(dir.path().join("marks.db")).unwrap();
     let (a, b, c, d) = tokio::join!(store.ready(), store.ready(), store.ready(), store.ready());
     for r in [a, b, c, d] {
         r.unwrap();
