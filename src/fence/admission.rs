@@ -174,7 +174,7 @@ impl Admission {
     /// state, not config: a route removed today may come back tomorrow).
     ///
     /// # Errors
-    /// Whatever the store's `load` returns; the proxy must not start without its marks.
+    /// Whatever the store's `load_named` returns; the proxy must not start without its marks.
     pub async fn open<I, S>(
         store: Arc<dyn MarkStore>,
         resources: I,

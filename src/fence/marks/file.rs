@@ -23,7 +23,13 @@
 //!
 //! Marks files of the JSON format (`palisade-marks/1`, before 0.2) are migrated on first open:
 //! at `path` itself (the JSON kept as `<path>.v1.json`), or from `marks.json` beside a missing
-//! `marks.db` (then renamed `marks.json.migrated`), under the JSON file's own lock.
+//! `marks.db`, under the JSON file's own lock; that `marks.json` is kept as
+//! `marks.json.migrated` and replaced by a file an older palisade refuses to start on.
+//!
+//! The store is `<path>` and SQLite's `<path>-wal` beside it (acknowledged advances live in
+//! the log until a checkpoint folds them into the file; a clean stop does): copy or remove
+//! them together, or back up with `sqlite3 <path> ".backup <copy>"`. A log left without its
+//! file is removed before a new database takes the path.
 //!
 //! Readiness is a real write: [`MarkStore::ready`] creates, writes, fsyncs and removes
 //! `<path>.probe`, at most once per [`PROBE_INTERVAL`].
@@ -69,9 +75,10 @@ struct Inner {
     path: PathBuf,
     dir: PathBuf,
     probe_path: PathBuf,
-    // Declared before `reader`: dropping it waits for the writer to finish and unlock.
+    // Dropping it waits for the writer to finish (checkpoint, close) and unlock; `Drop`
+    // closes the reader first, so that the writer's connection is the last one.
     writer: Writer,
-    reader: Arc<Mutex<Connection>>,
+    reader: Arc<Mutex<Option<Connection>>>,
     counters: Arc<Counters>,
     // An async mutex: concurrent `/readyz` callers queue behind the one probe in flight and
     // then reuse its result rather than each starting a probe.
@@ -161,7 +168,7 @@ impl FileStore {
         let lock = take_lock(&path)?;
         prepare(&path, &dir)?;
         let conn = db::open_writer(&path)?;
-        let reader = Arc::new(Mutex::new(db::open_reader(&path)?));
+        let reader = Arc::new(Mutex::new(Some(db::open_reader(&path)?)));
         let counters = Arc::new(Counters::default());
         #[cfg(test)]
         let gate = Arc::new(Mutex::new(()));
@@ -169,7 +176,7 @@ impl FileStore {
             identity: writer::identity(&path)?,
             path: path.clone(),
             dir: dir.clone(),
-            conn,
+            conn: Some(conn),
             reader: Arc::clone(&reader),
             lock,
             counters: Arc::clone(&counters),
@@ -250,21 +257,34 @@ impl FileStore {
 /// Makes `path` a marks database: created empty when nothing is there, migrated from a JSON
 /// marks file (module docs). Every step leaves `path` as it was or complete.
 fn prepare(path: &Path, dir: &Path) -> Result<(), StoreError> {
+    let fsync_dir = || sync_dir(dir).map_err(|e| io_err(dir, "fsync directory", e));
     match db::found(path)? {
-        Found::Database => Ok(()),
+        Found::Database => {
+            // Second names of this database, or partial copies, that a crash can leave.
+            for suffix in [
+                ".creating",
+                ".migrating",
+                ".migrating.build",
+                writer::RESTORE,
+            ] {
+                db::remove_with_sidecars(&db::sidecar(path, suffix))?;
+            }
+            Ok(())
+        }
         Found::Other => {
             let bytes = fs::read(path).map_err(|e| io_err(path, "read", e))?;
             let marks = legacy::parse(path, &bytes)?;
             let kept = legacy::kept(path, true);
             // The JSON stays reachable under a second name, then the database replaces it
             // in one rename: `path` is the JSON or the database at every moment.
-            let _ = fs::remove_file(&kept);
+            db::remove(&kept)?;
             fs::hard_link(path, &kept).map_err(|e| io_err(&kept, "link", e))?;
             let tmp = db::sidecar(path, ".migrating");
-            let _ = fs::remove_file(&tmp); // left by a migration that crashed
+            db::remove(&tmp)?; // left by a migration that crashed
             db::create(&tmp, dir, ".build", &marks)?;
+            db::remove_sidecars(path)?;
             fs::rename(&tmp, path).map_err(|e| io_err(path, "rename", e))?;
-            sync_dir(dir).map_err(|e| io_err(dir, "fsync directory", e))?;
+            fsync_dir()?;
             tracing::info!(
                 path = %path.display(),
                 marks = marks.len(),
@@ -273,35 +293,57 @@ fn prepare(path: &Path, dir: &Path) -> Result<(), StoreError> {
             );
             Ok(())
         }
-        Found::Missing => match legacy::sibling(path).filter(|s| s.exists()) {
-            Some(json) => {
-                // Under the JSON file's lock: an older palisade still running on it is
-                // refused, instead of advancing marks this migration would not see.
-                let _old = take_lock(&json)?;
-                let bytes = fs::read(&json).map_err(|e| io_err(&json, "read", e))?;
-                let marks = legacy::parse(&json, &bytes)?;
-                db::create(path, dir, ".migrating", &marks)?;
-                let kept = legacy::kept(&json, false);
-                fs::rename(&json, &kept).map_err(|e| io_err(&json, "rename", e))?;
-                sync_dir(dir).map_err(|e| io_err(dir, "fsync directory", e))?;
-                tracing::info!(
-                    path = %path.display(),
-                    from = %json.display(),
-                    marks = marks.len(),
-                    "migrated the JSON marks file to a marks database"
-                );
-                Ok(())
-            }
-            None => {
-                // Fine on a first start; after a moved config or an unmounted volume it means
-                // every mark starts again at 0, so say it loudly.
+        Found::Missing => {
+            // A log without its database (removed while no proxy ran) is of no use, and
+            // SQLite would apply it to the new database.
+            db::remove_sidecars(path)?;
+            let restore = db::sidecar(path, writer::RESTORE);
+            if db::found(&restore)? == Found::Database {
+                // A write-back closed the old database and crashed before linking its copy.
+                fs::hard_link(&restore, path).map_err(|e| io_err(path, "link", e))?;
+                db::remove(&restore)?;
+                fsync_dir()?;
                 tracing::warn!(
                     path = %path.display(),
-                    "marks file does not exist: creating it, every resource starts with no mark"
+                    "the marks file was missing; using the copy an interrupted write-back left"
                 );
-                db::create(path, dir, ".creating", &Marks::new())
+                return Ok(());
             }
-        },
+            match legacy::sibling(path).filter(|s| s.exists()) {
+                Some(json) => {
+                    // Under the JSON file's lock: an older palisade still running on it is
+                    // refused, instead of advancing marks this migration would not see.
+                    let _old = take_lock(&json)?;
+                    let bytes = fs::read(&json).map_err(|e| io_err(&json, "read", e))?;
+                    let marks = legacy::parse(&json, &bytes)?;
+                    db::create(path, dir, ".migrating", &marks)?;
+                    let kept = legacy::kept(&json, false);
+                    db::remove(&kept)?;
+                    fs::hard_link(&json, &kept).map_err(|e| io_err(&kept, "link", e))?;
+                    // An older palisade started on `marks.json` again must refuse to run, not
+                    // start from the marks of the day of the migration (or from none).
+                    legacy::write_moved(&json, path)?;
+                    fsync_dir()?;
+                    tracing::info!(
+                        path = %path.display(),
+                        from = %json.display(),
+                        kept = %kept.display(),
+                        marks = marks.len(),
+                        "migrated the JSON marks file to a marks database"
+                    );
+                    Ok(())
+                }
+                None => {
+                    // Fine on a first start; after a moved config or an unmounted volume it
+                    // means every mark starts again at 0, so say it loudly.
+                    tracing::warn!(
+                        path = %path.display(),
+                        "marks file does not exist: creating it, every resource starts with no mark"
+                    );
+                    db::create(path, dir, ".creating", &Marks::new())
+                }
+            }
+        }
     }
 }
 
@@ -397,7 +439,8 @@ impl Inner {
     /// Runs `f` on the read connection.
     fn read<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Result<T, StoreError> {
         let conn = self.reader.lock().unwrap_or_else(|e| e.into_inner());
-        f(&conn).map_err(db_err(&self.path, "read"))
+        let conn = conn.as_ref().ok_or_else(|| writer::lost(&self.path))?;
+        f(conn).map_err(db_err(&self.path, "read"))
     }
 
     /// Runs `f` on the read connection on the blocking pool.
@@ -466,6 +509,13 @@ impl Inner {
         };
         state.last = Some((Instant::now(), result.clone()));
         result.map_err(|f| f.to_error())
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Before the writer (a field, dropped after this): its close then checkpoints.
+        self.reader.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 }
 

@@ -177,7 +177,8 @@ pub enum StoreError {
     /// treated as empty.
     #[error(
         "marks file {path} is corrupt: {problem}; refusing to start (restore it from a \
-         backup, or delete it only if every resource's owner has been re-elected since)"
+         backup, or delete it, with its -wal and -shm files, only if every resource's owner \
+         has been re-elected since)"
     )]
     CorruptDatabase {
         /// The marks file.

@@ -139,18 +139,29 @@ pub(super) fn create(
     super::sync_dir(dir).map_err(|e| io_err(dir, "fsync directory", e))
 }
 
-/// Removes `path` and SQLite's `-wal` and `-journal` files beside it, where they exist.
-fn remove_with_sidecars(path: &Path) -> Result<(), StoreError> {
-    for p in [
-        path.to_path_buf(),
-        sidecar(path, "-wal"),
-        sidecar(path, "-shm"),
-        sidecar(path, "-journal"),
-    ] {
-        match fs::remove_file(&p) {
+/// Removes `path` and SQLite's files beside it, where they exist.
+pub(super) fn remove_with_sidecars(path: &Path) -> Result<(), StoreError> {
+    remove(path)?;
+    remove_sidecars(path)
+}
+
+/// Removes SQLite's `-wal`, `-shm` and `-journal` files of `path`, where they exist: before a
+/// new database takes the path, since SQLite would apply a log left there to it.
+pub(super) fn remove_sidecars(path: &Path) -> Result<(), StoreError> {
+    for suffix in ["-wal", "-shm", "-journal"] {
+        remove(&sidecar(path, suffix))?;
+    }
+    Ok(())
+}
+
+/// Removes `path` if it exists.
+pub(super) fn remove(path: &Path) -> Result<(), StoreError> {
+    {
+        let p = path;
+        match fs::remove_file(p) {
             Ok(()) => {}
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_err(&p, "remove", e)),
+            Err(e) => return Err(io_err(p, "remove", e)),
         }
     }
     Ok(())

@@ -159,10 +159,26 @@ fn marks_json_beside_a_missing_marks_db_is_migrated_under_its_own_lock() {
 
     let store = FileStore::open(&path).unwrap();
     assert_eq!(store.mark("orders").unwrap(), 51);
-    assert!(!old.exists(), "the JSON file is renamed, never read again");
-    assert!(dir.path().join("marks.json.migrated").exists());
+    assert_eq!(
+        fs::read(dir.path().join("marks.json.migrated")).unwrap(),
+        json(&[("orders", 51)]),
+        "kept aside"
+    );
+    // What is left at marks.json makes palisade 0.1 (and this one) refuse to start on it.
+    let err = FileStore::open(&old).unwrap_err();
+    assert!(
+        matches!(err, StoreError::Corrupt { .. })
+            && err.to_string().contains("moved to the database marks.db"),
+        "{err}"
+    );
     drop(store);
     assert_eq!(FileStore::open(&path).unwrap().mark("orders").unwrap(), 51);
+    // With the database gone, the moved notice stops a start instead of an empty store.
+    fs::remove_file(&path).unwrap();
+    assert!(matches!(
+        FileStore::open(&path),
+        Err(StoreError::Corrupt { .. })
+    ));
 }
 
 #[test]
@@ -415,4 +431,105 @@ async fn concurrent_readiness_checks_share_one_probe() {
         r.unwrap();
     }
     assert_eq!(probes(&store), 1);
+}
+
+#[test]
+fn a_clean_close_leaves_every_mark_in_the_file_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.db");
+    let store = FileStore::open(&path).unwrap();
+    for i in 0..500 {
+        store.persist_blocking(&format!("e/{i}"), 7).unwrap();
+    }
+    assert!(
+        db::sidecar(&path, "-wal").exists(),
+        "advances are in the log first"
+    );
+    drop(store);
+    assert!(
+        !db::sidecar(&path, "-wal").exists(),
+        "folded into the file at close"
+    );
+    let copy = dir.path().join("copy.db");
+    fs::copy(&path, &copy).unwrap();
+    assert_eq!(
+        read(&copy).unwrap().unwrap().len(),
+        500,
+        "the file alone is the store"
+    );
+}
+
+#[test]
+fn a_log_left_without_its_database_is_never_applied_to_a_new_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a/marks.db");
+    let store = FileStore::open(&a).unwrap();
+    for i in 0..300 {
+        store.persist_blocking(&format!("e/{i}"), 9).unwrap();
+    }
+    // Another store's log, where a marks file was removed while no proxy ran.
+    let b = dir.path().join("b/marks.db");
+    fs::create_dir_all(b.parent().unwrap()).unwrap();
+    fs::copy(db::sidecar(&a, "-wal"), db::sidecar(&b, "-wal")).unwrap();
+    let fresh = FileStore::open(&b).unwrap();
+    assert!(all(&fresh).is_empty());
+    fresh.persist_blocking("x", 1).unwrap();
+    drop(fresh);
+    assert_eq!(read(&b).unwrap().unwrap(), Marks::from([("x".into(), 1)]));
+    drop(store);
+}
+
+#[test]
+fn the_copy_of_an_interrupted_write_back_is_used_when_the_file_is_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.db");
+    drop({
+        let s = FileStore::open(&path).unwrap();
+        s.persist_blocking("orders", 51).unwrap();
+        s
+    });
+    fs::rename(&path, db::sidecar(&path, ".restore")).unwrap();
+    let store = FileStore::open(&path).unwrap();
+    assert_eq!(store.mark("orders").unwrap(), 51);
+    assert!(!db::sidecar(&path, ".restore").exists());
+}
+
+#[test]
+fn a_large_database_removed_while_open_is_written_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.db");
+    let store = FileStore::open(&path).unwrap();
+    // Many pages, rewritten out of order: the copy's layout differs from the open file's.
+    for round in 0..3u64 {
+        let answers: Vec<_> = (0..20_000u64)
+            .map(|i| {
+                let i = (i * 7919 + round) % 20_000;
+                store
+                    .inner
+                    .advance(format!("entity/{i}"), 10 + round * 20_000 + i)
+            })
+            .collect();
+        for a in answers {
+            a.blocking_recv().unwrap().unwrap();
+        }
+    }
+    // Only the file (its -wal and -shm stay, in use by the open connections).
+    fs::remove_file(&path).unwrap();
+    assert_eq!(
+        store.persist_blocking("entity/1", 1_000_000).unwrap(),
+        1_000_000
+    );
+    assert_eq!(store.mark("entity/2").unwrap(), 10 + 2 * 20_000 + 2);
+    drop(store);
+    let again = FileStore::open(&path).unwrap();
+    let marks = all(&again);
+    assert_eq!(marks.len(), 20_000);
+    assert_eq!(marks["entity/1"], 1_000_000);
+    for i in 2..20_000u64 {
+        assert_eq!(
+            marks[&format!("entity/{i}")],
+            10 + 2 * 20_000 + i,
+            "entity/{i}"
+        );
+    }
 }

@@ -58,9 +58,11 @@ pub(super) struct Counters {
 pub(super) struct Live {
     pub(super) path: PathBuf,
     pub(super) dir: PathBuf,
-    pub(super) conn: Connection,
+    /// `None` once a write-back closed it and could not open the restored file: every
+    /// commit is refused until a restart.
+    pub(super) conn: Option<Connection>,
     /// The read connection the store's reads use; replaced with this one's file.
-    pub(super) reader: Arc<Mutex<Connection>>,
+    pub(super) reader: Arc<Mutex<Option<Connection>>>,
     /// `(device, inode)` of the file the connections have open.
     pub(super) identity: (u64, u64),
     /// The exclusive lock on `<path>.lock`, released when the thread ends.
@@ -117,25 +119,38 @@ impl Drop for Writer {
 }
 
 fn run(mut live: Live, rx: &mpsc::Receiver<Op>) {
-    while let Ok(first) = rx.recv() {
-        let mut group = Vec::with_capacity(8);
-        group.push(first);
-        group.extend(rx.try_iter().take(MAX_GROUP - 1));
-        match live.commit(&group) {
-            Ok(results) => {
-                for (op, result) in group.into_iter().zip(results) {
-                    op.answer(Ok(result));
+    live.serve(rx);
+    // The store is gone (its reader closed first): fold the log into the file, so that the
+    // file alone holds every mark and SQLite removes `-wal` when this last connection closes.
+    if let Some(conn) = &live.conn {
+        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(())) {
+            tracing::warn!(path = %live.path.display(), error = %e, "marks checkpoint at close failed");
+        }
+    }
+}
+
+impl Live {
+    fn serve(&mut self, rx: &mpsc::Receiver<Op>) {
+        while let Ok(first) = rx.recv() {
+            let mut group = Vec::with_capacity(8);
+            group.push(first);
+            group.extend(rx.try_iter().take(MAX_GROUP - 1));
+            match self.commit(&group) {
+                Ok(results) => {
+                    for (op, result) in group.into_iter().zip(results) {
+                        op.answer(Ok(result));
+                    }
                 }
-            }
-            Err(e) if group.len() == 1 => {
-                if let Some(op) = group.pop() {
-                    op.answer(Err(e));
+                Err(e) if group.len() == 1 => {
+                    if let Some(op) = group.pop() {
+                        op.answer(Err(e));
+                    }
                 }
-            }
-            Err(e) => {
-                let shared = Arc::new(e);
-                for op in group {
-                    op.answer(Err(StoreError::Shared(Arc::clone(&shared))));
+                Err(e) => {
+                    let shared = Arc::new(e);
+                    for op in group {
+                        op.answer(Err(StoreError::Shared(Arc::clone(&shared))));
+                    }
                 }
             }
         }
@@ -159,8 +174,8 @@ impl Live {
         let _gate = gate.lock().unwrap_or_else(|e| e.into_inner());
         self.check_file()?;
         let path = &self.path;
-        let tx = self
-            .conn
+        let conn = self.conn.as_mut().ok_or_else(|| lost(path))?;
+        let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(db_err(path, "begin"))?;
         let mut results = Vec::with_capacity(group.len());
@@ -199,9 +214,14 @@ impl Live {
     }
 
     /// The file was removed while open; the open database still holds every mark. Copies it
-    /// back to the path (when the directory exists again), locks the path's new lock file
-    /// and moves both connections over.
+    /// aside, closes both connections (their `-wal` and `-shm` are named after the path and
+    /// would be read as the new file's), removes those, links the copy into place and opens
+    /// it. A failure after the close leaves the store refusing advances until a restart,
+    /// which finds the copy at `<path>.restore` if it was not linked yet.
     fn write_back(&mut self) -> Result<(), StoreError> {
+        let Some(conn) = &self.conn else {
+            return Err(lost(&self.path));
+        };
         if let Err(e) = std::fs::metadata(&self.dir) {
             return Err(io_err(&self.dir, "check directory", e));
         }
@@ -217,21 +237,38 @@ impl Live {
         } else {
             Some(super::take_lock(&self.path)?)
         };
-        let tmp = db::sidecar(&self.path, ".restore");
-        db::copy_into(&self.conn, &tmp)?;
-        std::fs::hard_link(&tmp, &self.path).map_err(|e| io_err(&self.path, "link", e))?;
-        std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, "remove", e))?;
-        super::sync_dir(&self.dir).map_err(|e| io_err(&self.dir, "fsync directory", e))?;
-        let conn = db::open_writer(&self.path)?;
-        let reader = db::open_reader(&self.path)?;
-        self.identity = identity(&self.path)?;
-        *self.reader.lock().unwrap_or_else(|e| e.into_inner()) = reader;
-        self.conn = conn;
+        let tmp = db::sidecar(&self.path, RESTORE);
+        db::copy_into(conn, &tmp)?;
+        let mut reader = self.reader.lock().unwrap_or_else(|e| e.into_inner());
+        *reader = None;
+        self.conn = None;
         if let Some(lock) = lock {
             self.lock = lock;
         }
+        db::remove_sidecars(&self.path)?;
+        std::fs::hard_link(&tmp, &self.path).map_err(|e| io_err(&self.path, "link", e))?;
+        std::fs::remove_file(&tmp).map_err(|e| io_err(&tmp, "remove", e))?;
+        super::sync_dir(&self.dir).map_err(|e| io_err(&self.dir, "fsync directory", e))?;
+        self.identity = identity(&self.path)?;
+        self.conn = Some(db::open_writer(&self.path)?);
+        *reader = Some(db::open_reader(&self.path)?);
         Ok(())
     }
+}
+
+/// The suffix of the copy a write-back links into place.
+pub(super) const RESTORE: &str = ".restore";
+
+/// The error of a store whose database could not be opened again after a write-back.
+pub(super) fn lost(path: &Path) -> StoreError {
+    io_err(
+        path,
+        "reopen",
+        std::io::Error::other(
+            "the marks database could not be opened again after it was written back; \
+             advances are refused until palisade is restarted",
+        ),
+    )
 }
 
 /// `(device, inode)` of `path`.
