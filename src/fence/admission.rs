@@ -39,8 +39,10 @@ pub struct Resource {
     mark: Watermark,
     advancing: tokio::sync::Mutex<()>,
     drain: Drain,
-    confirm: Arc<Coalescer>,
-    metrics: MarkMetrics,
+    /// Made on first use: only stores confirmed per admission use it.
+    confirm: std::sync::OnceLock<Arc<Coalescer>>,
+    /// Shared by the entities of one template.
+    metrics: Arc<MarkMetrics>,
     /// Other names this resource answers to since a reload carried its mark over to them
     /// (see [`Admission::carry`]): every advance persists the mark under each of them too.
     aliases: std::sync::Mutex<Vec<String>>,
@@ -69,10 +71,25 @@ type Resources = BTreeMap<String, Arc<Resource>>;
 
 impl Resource {
     fn new(name: &str, initial: u64, metrics: &Metrics) -> Arc<Self> {
-        Self::with_metrics(name, initial, metrics.mark(name))
+        Self::with_metrics(
+            name,
+            initial,
+            Arc::new(metrics.mark(name)),
+            Drain::new(initial),
+        )
     }
 
-    fn with_metrics(name: &str, initial: u64, metrics: MarkMetrics) -> Arc<Self> {
+    /// An entity of a template: its template's metrics, a one-shard drain.
+    fn entity(name: &str, initial: u64, metrics: Arc<MarkMetrics>) -> Arc<Self> {
+        Self::with_metrics(name, initial, metrics, Drain::single(initial))
+    }
+
+    fn with_metrics(
+        name: &str,
+        initial: u64,
+        metrics: Arc<MarkMetrics>,
+        drain: Drain,
+    ) -> Arc<Self> {
         if let Some(g) = &metrics.mark {
             g.set(initial as i64);
         }
@@ -80,8 +97,8 @@ impl Resource {
             name: name.into(),
             mark: Watermark::new(initial),
             advancing: tokio::sync::Mutex::new(()),
-            drain: Drain::new(initial),
-            confirm: Arc::default(),
+            drain,
+            confirm: std::sync::OnceLock::new(),
             metrics,
             aliases: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
@@ -299,6 +316,7 @@ impl Admission {
             let m = self.confirm_metrics.clone();
             let stored = resource
                 .confirm
+                .get_or_init(Arc::default)
                 .confirm(&self.store, &resource.name, move |took, failed| {
                     m.duration.observe(took.as_secs_f64());
                     if failed {

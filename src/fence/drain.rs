@@ -81,10 +81,13 @@ pub struct Generation {
     token: u64,
     /// Set once the previous generation has drained (or was aborted).
     ready: AtomicBool,
-    ready_notify: Notify,
     /// Set once a newer generation replaced this one: leaving then wakes the drainer.
     superseded: AtomicBool,
-    drained: Notify,
+    /// Wakes those waiting for `ready` and the drainer waiting for this generation to empty:
+    /// one `Notify` for both, since a generation is waited on for the one (requests admitted
+    /// under it, before it is ready) and then the other (after it is superseded, when it is
+    /// ready), and every waiter checks its own condition again when woken.
+    changed: Notify,
     aborted: AtomicBool,
     abort_notify: Notify,
     /// Tasks registered through [`AbortWatch`]: woken by the abort too.
@@ -96,9 +99,8 @@ impl Generation {
         Self {
             token,
             ready: AtomicBool::new(ready),
-            ready_notify: Notify::new(),
             superseded: AtomicBool::new(false),
-            drained: Notify::new(),
+            changed: Notify::new(),
             aborted: AtomicBool::new(false),
             abort_notify: Notify::new(),
             watchers: watch::Watchers::default(),
@@ -125,7 +127,7 @@ impl Generation {
 
     async fn wait_ready(&self) {
         loop {
-            let n = self.ready_notify.notified();
+            let n = self.changed.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             if self.ready.load(SeqCst) {
@@ -141,16 +143,24 @@ impl Generation {
 #[derive(Debug)]
 pub struct Cohort {
     generation: Arc<Generation>,
-    shards: [Arc<Shard>; SHARDS],
+    /// [`SHARDS`] of them, or one (see [`Drain::single`]); a power of two.
+    shards: Box<[Arc<Shard>]>,
 }
 
 impl Cohort {
-    fn new(token: u64, ready: bool) -> Self {
+    fn new(token: u64, ready: bool, shards: usize) -> Self {
         let generation = Arc::new(Generation::new(token, ready));
         Self {
-            shards: std::array::from_fn(|_| Arc::new(Shard::new(Arc::clone(&generation)))),
+            shards: (0..shards)
+                .map(|_| Arc::new(Shard::new(Arc::clone(&generation))))
+                .collect(),
             generation,
         }
+    }
+
+    /// The shard the calling thread counts in.
+    fn shard(&self) -> &Arc<Shard> {
+        &self.shards[ticket::shard_index() & (self.shards.len() - 1)]
     }
 
     /// The generation of these requests.
@@ -168,7 +178,7 @@ impl Cohort {
     async fn wait_drained(&self, deadline: Instant) -> bool {
         loop {
             // Created (and so reachable by `notify_waiters`) before the sum: see the module docs.
-            let n = self.generation.drained.notified();
+            let n = self.generation.changed.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             if self.in_flight() == 0 {
@@ -215,13 +225,25 @@ pub struct Drained {
 }
 
 impl Drain {
-    /// Accounting for a resource whose mark is `mark` (nothing in flight).
+    /// Accounting for a resource whose mark is `mark` (nothing in flight), its count spread
+    /// over [`SHARDS`] shards: for a resource many threads admit at once.
     pub fn new(mark: u64) -> Self {
+        Self::with_shards(mark, SHARDS)
+    }
+
+    /// The same with one shard: a tenth of the memory, for the many entities of a resource
+    /// template (each seldom admitted by two threads at the same moment).
+    pub fn single(mark: u64) -> Self {
+        Self::with_shards(mark, 1)
+    }
+
+    fn with_shards(mark: u64, shards: usize) -> Self {
+        debug_assert!(shards.is_power_of_two());
         // Relaxed: only uniqueness matters.
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
             id: NEXT_ID.fetch_add(1, Relaxed),
-            current: ArcSwap::from_pointee(Cohort::new(mark, true)),
+            current: ArcSwap::from_pointee(Cohort::new(mark, true, shards)),
         }
     }
 
@@ -240,7 +262,7 @@ impl Drain {
         }
         // This thread's first request, or its cached cohort is older or superseded.
         let current = self.current.load();
-        let shard = Arc::clone(&current.shards[ticket::shard_index()]);
+        let shard = Arc::clone(current.shard());
         ticket::cache(self.id, &shard);
         // `None` here: the current cohort is older than the mark (cannot happen, cohorts are
         // installed before the mark is published) or was superseded meanwhile. Judging again
@@ -284,8 +306,9 @@ impl Drain {
     /// returns it with the cohort it replaces. Call with the resource's advance lock held,
     /// after `token` is durable and before it is published.
     pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
-        let next = Arc::new(Cohort::new(token, false));
-        let counted = Counted::take(Arc::clone(&next.shards[ticket::shard_index()]));
+        let shards = self.current.load().shards.len();
+        let next = Arc::new(Cohort::new(token, false, shards));
+        let counted = Counted::take(Arc::clone(next.shard()));
         let old = self.current.swap(next);
         // `superseded`, then the count (read by `finish`): the advance's half of the
         // store-buffer pattern.
@@ -314,7 +337,7 @@ impl Drain {
         }
         let g = ticket.generation();
         g.ready.store(true, SeqCst);
-        g.ready_notify.notify_waiters();
+        g.changed.notify_waiters();
         Drained {
             waited: started.elapsed(),
             aborted,

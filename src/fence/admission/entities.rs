@@ -29,6 +29,8 @@ pub(super) struct Entities {
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The stored-marks budget of each template, counted from the store at first use.
     quotas: tokio::sync::Mutex<HashMap<String, Arc<Quota>>>,
+    /// Each template's metrics, shared by its entities.
+    metrics: Mutex<HashMap<String, Arc<crate::metrics::MarkMetrics>>>,
     /// Loads from the store and evictions, for metrics and tests.
     pub(super) loaded: AtomicUsize,
     pub(super) evicted: AtomicUsize,
@@ -42,6 +44,7 @@ impl Default for Entities {
             queue: Mutex::default(),
             loading: Mutex::default(),
             quotas: tokio::sync::Mutex::default(),
+            metrics: Mutex::default(),
             loaded: AtomicUsize::new(0),
             evicted: AtomicUsize::new(0),
         }
@@ -128,6 +131,21 @@ impl Touched {
 }
 
 impl Entities {
+    /// The metrics the entities of `template` share.
+    pub(super) fn metrics_of(
+        &self,
+        template: &str,
+        metrics: &crate::metrics::Metrics,
+    ) -> Arc<crate::metrics::MarkMetrics> {
+        let mut all = lock(&self.metrics);
+        if let Some(m) = all.get(template) {
+            return Arc::clone(m);
+        }
+        let m = Arc::new(metrics.keyed_mark(template));
+        all.insert(template.to_owned(), Arc::clone(&m));
+        m
+    }
+
     /// Registers an entity just inserted in the resource table.
     pub(super) fn admitted(&self, r: &Arc<Resource>, metrics: &crate::metrics::Metrics) {
         self.loaded.fetch_add(1, Relaxed);

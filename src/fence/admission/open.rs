@@ -117,8 +117,11 @@ impl Admission {
                             r
                         }
                         Some(t) => {
-                            let r =
-                                Resource::with_metrics(name, initial, self.metrics.keyed_mark(t));
+                            let r = Resource::entity(
+                                name,
+                                initial,
+                                self.entities.metrics_of(t, &self.metrics),
+                            );
                             // In the cache from the insert on (a caller dropped half-way must
                             // not leave it unevictable), with a second chance to be used.
                             r.touched.touch();

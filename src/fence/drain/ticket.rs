@@ -158,7 +158,7 @@ impl Drop for Counted {
         // After the count (both `SeqCst`): a drainer whose sum missed this leave is woken.
         let g = &self.shard.generation;
         if g.superseded.load(SeqCst) {
-            g.drained.notify_waiters();
+            g.changed.notify_waiters();
         }
     }
 }

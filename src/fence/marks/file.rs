@@ -36,6 +36,7 @@
 
 mod db;
 mod legacy;
+mod reader;
 mod writer;
 
 use std::fs::{self, File, OpenOptions, TryLockError};
@@ -79,6 +80,7 @@ struct Inner {
     // closes the reader first, so that the writer's connection is the last one.
     writer: Writer,
     reader: Arc<Mutex<Option<Connection>>>,
+    reads: reader::Reader,
     counters: Arc<Counters>,
     // An async mutex: concurrent `/readyz` callers queue behind the one probe in flight and
     // then reuse its result rather than each starting a probe.
@@ -183,12 +185,14 @@ impl FileStore {
             #[cfg(test)]
             gate: Arc::clone(&gate),
         })?;
+        let reads = reader::Reader::start(path.clone(), Arc::clone(&reader))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 probe_path: db::sidecar(&path, ".probe"),
                 path,
                 dir,
                 writer,
+                reads,
                 reader,
                 counters,
                 probe: tokio::sync::Mutex::default(),
@@ -443,14 +447,13 @@ impl Inner {
         f(conn).map_err(db_err(&self.path, "read"))
     }
 
-    /// Runs `f` on the read connection on the blocking pool.
+    /// Runs `f` on the read connection, on the reading thread.
     fn read_async<T: Send + 'static>(
         self: &Arc<Self>,
         f: impl FnOnce(&Connection) -> rusqlite::Result<T> + Send + 'static,
     ) -> BoxFuture<'static, Result<T, StoreError>> {
         let inner = Arc::clone(self);
-        let task = tokio::task::spawn_blocking(move || inner.read(f));
-        Box::pin(async move { task.await.map_err(StoreError::TaskLost)? })
+        Box::pin(async move { inner.reads.read(f).await })
     }
 
     /// One readiness probe: the same system calls as an advance (create, write, fsync, a

@@ -21,9 +21,10 @@ pub(super) const FORMAT: &str = "palisade-marks/2";
 /// The first bytes of every SQLite database file.
 const MAGIC: &[u8; 16] = b"SQLite format 3\0";
 
-/// Page cache of each connection, in KiB (SQLite's negative `cache_size`): enough for the
-/// inner pages of a 10^6-mark tree, bounded whatever the file's size.
-const CACHE_KIB: i64 = 8 * 1024;
+/// Page cache of each connection, in KiB (SQLite's negative `cache_size`): several times the
+/// inner pages of a 10^6-mark tree (about 40 pages of 4 KiB), bounded whatever the file's
+/// size; leaves come from the kernel's page cache.
+const CACHE_KIB: i64 = 2 * 1024;
 
 /// What a marks path holds.
 #[derive(Debug, PartialEq, Eq)]
