@@ -253,14 +253,22 @@ impl Drain {
     }
 
     /// Enters the current generation with `token`, which the caller found equal to the mark.
-    #[inline]
+    // Always inlined, the thread's cached shard first: see `enter_shard` for why an `Entry`
+    // must not be returned through memory on the hot path.
+    #[inline(always)]
     pub fn enter(&self, token: u64) -> Entry {
         if let Some(shard) = ticket::cached(self.id) {
             if let Some(entry) = Self::enter_shard(shard, token) {
                 return entry;
             }
         }
-        // This thread's first request, or its cached cohort is older or superseded.
+        self.enter_uncached(token)
+    }
+
+    /// This thread's first request, or its cached cohort is older or superseded.
+    #[cold]
+    #[inline(never)]
+    fn enter_uncached(&self, token: u64) -> Entry {
         let current = self.current.load();
         let shard = Arc::clone(current.shard());
         ticket::cache(self.id, &shard);

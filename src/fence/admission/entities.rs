@@ -213,6 +213,19 @@ impl Admission {
         Ok(entity)
     }
 
+    /// [`Admission::entity_within`] when it needs no waiting: the entity is in memory and
+    /// its quota known. `None`: call `entity_within`.
+    pub fn entity_cached(&self, name: &str, max_marks: Option<u64>) -> Option<Arc<Resource>> {
+        let entity = self.resource(name)?;
+        if let Some(limit) = max_marks {
+            let q = entity.quota.get()?;
+            if q.limit.load(Relaxed) != limit {
+                q.limit.store(limit, Relaxed);
+            }
+        }
+        Some(entity)
+    }
+
     async fn quota(
         &self,
         template: &crate::template::ResourceTemplate,

@@ -169,9 +169,9 @@ pub enum StoreError {
         path: PathBuf,
         /// What was being done: `open`, `read`, `commit`, ...
         op: &'static str,
-        /// SQLite's error.
+        /// SQLite's error (boxed: every admission future has room for a `StoreError`).
         #[source]
-        source: rusqlite::Error,
+        source: Box<rusqlite::Error>,
     },
     /// The marks file is a damaged database, or a database that is not palisade's. Never
     /// treated as empty.

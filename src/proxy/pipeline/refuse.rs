@@ -175,8 +175,18 @@ impl Proxy {
         // anything less.
         note.resource = Some(match &route.resource {
             Some(r) => Cow::Borrowed(r),
-            // Boxed: its state must not grow every request's future (hyper moves it whole).
-            None => Cow::Owned(Box::pin(self.entity(route, headers, target, t)).await?),
+            None => {
+                let name = self.entity_name(route, headers, target, t)?;
+                match self
+                    .admission
+                    .entity_cached(&name, route.settings.max_marks)
+                {
+                    Some(entity) => Cow::Owned(entity),
+                    // Boxed: its state must not grow every request's future (hyper moves it
+                    // whole).
+                    None => Cow::Owned(Box::pin(self.entity(route, name, t)).await?),
+                }
+            }
         });
         let resource: &Arc<Resource> = note.resource.as_deref().expect("set above");
         // The fast path decides at once; the slow one (an advance: persist, then drain) is
@@ -184,10 +194,11 @@ impl Proxy {
         // moves whole.
         let decided = match self.admission.admit_now(resource, t) {
             Some(now) => now,
-            None => Box::pin(
-                self.admission
-                    .admit(resource, t, route.settings.drain_timeout),
-            )
+            None => Box::pin(self.admission.admit_waiting(
+                resource,
+                t,
+                route.settings.drain_timeout,
+            ))
             .await
             .map(|(_, ticket)| ticket),
         };
@@ -243,15 +254,14 @@ impl Proxy {
         }
     }
 
-    /// The entity of a templated route that this request names, its mark loaded from the
-    /// store on first use.
-    async fn entity(
+    /// The name of the entity a request to a templated route names.
+    fn entity_name(
         &self,
         route: &Route,
         headers: &impl Fields,
         target: &Target<'_>,
         t: FencingToken,
-    ) -> Result<Arc<Resource>, (Rejection, Outcome, Option<u64>)> {
+    ) -> Result<String, (Rejection, Outcome, Option<u64>)> {
         let Some(template) = &route.settings.template else {
             unreachable!("a guarded route has a resource or a template");
         };
@@ -276,9 +286,21 @@ impl Proxy {
             }
         }
         let parts = Parts { target, headers };
-        let name = template
+        template
             .fill(&captures, &parts)
-            .map_err(|e| (Rejection::BadResource(e), Outcome::Malformed, Some(t.get())))?;
+            .map_err(|e| (Rejection::BadResource(e), Outcome::Malformed, Some(t.get())))
+    }
+
+    /// The entity `name` of a templated route, its mark loaded from the store on first use.
+    async fn entity(
+        &self,
+        route: &Route,
+        name: String,
+        t: FencingToken,
+    ) -> Result<Arc<Resource>, (Rejection, Outcome, Option<u64>)> {
+        let Some(template) = &route.settings.template else {
+            unreachable!("a guarded route has a resource or a template");
+        };
         self.admission
             .entity_within(&name, template, route.settings.max_marks)
             .await

@@ -85,7 +85,7 @@ pub(super) fn db_err<'a>(
             _ => StoreError::Database {
                 path: path.to_path_buf(),
                 op,
-                source,
+                source: Box::new(source),
             },
         }
     }
@@ -204,9 +204,9 @@ pub(super) fn open_writer(path: &Path) -> Result<Connection, StoreError> {
         return Err(StoreError::Database {
             path: path.to_path_buf(),
             op: "open",
-            source: rusqlite::Error::InvalidParameterName(format!(
+            source: Box::new(rusqlite::Error::InvalidParameterName(format!(
                 "journal_mode is {mode}, WAL could not be set"
-            )),
+            ))),
         });
     }
     conn.pragma_update(None, "synchronous", "FULL")
