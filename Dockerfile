@@ -10,7 +10,7 @@
 #
 # The mounted configuration must listen on 0.0.0.0 (`[proxy] listen = "0.0.0.0:8080"`) to be
 # reachable from outside the container, and keep a file store's marks under /var/lib/palisade
-# (`[marks] path = "/var/lib/palisade/marks.json"`: relative paths resolve against
+# (`[marks] path = "/var/lib/palisade/marks.db"`: relative paths resolve against
 # /etc/palisade, which the proxy cannot write). The admin listener stays on the container's
 # loopback unless the configuration says `[admin] listen = "0.0.0.0:9901"`; the health check
 # below works either way.
@@ -62,7 +62,7 @@ LABEL org.opencontainers.image.title="palisade" \
 
 COPY --from=build /out/usr/local/bin/palisade /usr/local/bin/palisade
 COPY --from=build /out/etc/palisade /etc/palisade
-# The marks directory belongs to the runtime user: the file store writes marks.json, its
+# The marks directory belongs to the runtime user: the file store writes marks.db (and its -wal and -shm), its
 # .lock, the /readyz .probe and the audit log there. A named volume mounted here starts with
 # this ownership; a host directory must be made writable for 65532 (chown 65532:65532 DIR).
 COPY --from=build --chown=65532:65532 /out/var/lib/palisade /var/lib/palisade
