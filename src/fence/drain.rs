@@ -226,7 +226,7 @@ pub struct Drained {
 
 impl Drain {
     /// Accounting for a resource whose mark is `mark` (nothing in flight), its count spread
-    /// over [`SHARDS`] shards: for a resource many threads admit at once.
+    /// over eight shards: for a resource many threads admit at once.
     pub fn new(mark: u64) -> Self {
         Self::with_shards(mark, SHARDS)
     }
