@@ -307,8 +307,10 @@ impl Admission {
     /// that a client hanging up mid-advance cannot leave the store written but the mark
     /// unpublished, or hold the advance lock half-way.
     ///
-    /// The fast path ([`Admission::admit_now`]) is decided when this is called; only what has
-    /// to wait is left to the future (boxed, so that the fast path's future stays small).
+    /// The fast path ([`Admission::admit_now`]) is decided when this is called, so an
+    /// admitted request counts as in flight from the call on (await the future at once);
+    /// only what has to wait is left to the future (boxed, so that the fast path's future
+    /// stays small).
     ///
     /// # Errors
     /// [`Refused::Stale`] below the mark, [`Refused::Unavailable`] when an advance could not be

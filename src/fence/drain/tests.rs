@@ -52,11 +52,21 @@ async fn an_advance_waits_for_older_requests_and_aborts_the_slow_ones() {
 /// out a ticket of the wrong generation.
 #[test]
 fn a_drain_never_ends_while_a_request_under_an_older_mark_is_registered() {
+    never_ends_early(Drain::new(1));
+}
+
+/// The same for an entity's one-shard drain.
+#[test]
+fn a_one_shard_drain_never_ends_while_a_request_under_an_older_mark_is_registered() {
+    never_ends_early(Drain::single(1));
+}
+
+fn never_ends_early(drain: Drain) {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 
     const THREADS: usize = 3;
     const ROUNDS: u64 = 400;
-    let drain = Arc::new(Drain::new(1));
+    let drain = Arc::new(drain);
     // The mark, published after the new generation is installed (as `advance` does).
     let mark = Arc::new(AtomicU64::new(1));
     // Tickets held per token, raised after entering and lowered before the ticket is dropped.

@@ -21,6 +21,14 @@ pub(super) struct Reader {
 }
 
 impl Reader {
+    fn failed(&self) -> StoreError {
+        super::db::io_err(
+            &self.path,
+            "read",
+            std::io::Error::other("the marks read ended without an answer"),
+        )
+    }
+
     /// Starts the thread, reading through `conn` (which a write-back may replace).
     pub(super) fn start(
         path: PathBuf,
@@ -32,7 +40,14 @@ impl Reader {
             .spawn(move || {
                 while let Ok(job) = rx.recv() {
                     let conn = conn.lock().unwrap_or_else(|e| e.into_inner());
-                    job(conn.as_ref());
+                    // A job that panics fails its own read (its answer is dropped), not the
+                    // reads after it.
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        job(conn.as_ref());
+                    }));
+                    if ran.is_err() {
+                        tracing::error!("a marks read panicked");
+                    }
                 }
             })
             .map_err(|e| super::db::io_err(&path, "start reader thread", e))?;
@@ -63,10 +78,8 @@ impl Reader {
             .send(job)
             .is_ok();
         match sent {
-            true => answer
-                .await
-                .unwrap_or_else(|_| Err(super::writer::lost(&self.path))),
-            false => Err(super::writer::lost(&self.path)),
+            true => answer.await.unwrap_or_else(|_| Err(self.failed())),
+            false => Err(self.failed()),
         }
     }
 }
