@@ -611,28 +611,14 @@ async fn text_logs_keep_one_record_per_line_and_a_zombie_loop_logs_its_first_ref
     assert_eq!(whole, 1, "{log}");
 }
 
-const ENTITIES: &str = r#"
-[proxy]
-listen = "127.0.0.1:0"
-workers = 2
-
-[admin]
-listen = "127.0.0.1:0"
-
-[marks]
-store = "file"
-path = "{marks}"
-
-[[upstream]]
-name = "legacy"
-url = "http://{upstream}"
-
-[[route]]
-name = "entities"
-upstream = "legacy"
-path_pattern = "/r/{id}"
-resource = "r/{id}"
-"#;
+/// [`CONFIG`]'s proxy, admin, marks and upstream, with one templated route.
+fn entities_config() -> String {
+    let head = CONFIG.split("[[route]]").next().unwrap();
+    format!(
+        "{head}[[route]]\nname = \"entities\"\nupstream = \"legacy\"\n\
+         path_pattern = \"/r/{{id}}\"\nresource = \"r/{{id}}\"\n"
+    )
+}
 
 /// Issue 22: `kill -9` while 32 clients advance 1000 resources, 20 times over. Every advance
 /// that was answered 200 is in the store afterwards: read by `palisade marks` from the killed
@@ -650,7 +636,7 @@ async fn every_answered_advance_survives_kill_9_during_concurrent_advances() {
     let config = write(
         dir.path(),
         "palisade.toml",
-        &support::render(ENTITIES, up.addr, &marks),
+        &support::render(&entities_config(), up.addr, &marks),
     );
     let tokens = Arc::new(AtomicU64::new(100));
     // Per resource, the highest token answered 200 so far.

@@ -115,6 +115,14 @@ impl Quota {
     pub(super) fn limit(&self) -> u64 {
         self.limit.load(Relaxed)
     }
+
+    /// The route's limit as configured now (a reload may have changed it); written only
+    /// when it changed, so that hits on the hot path leave the line shared.
+    fn set_limit(&self, limit: u64) {
+        if self.limit.load(Relaxed) != limit {
+            self.limit.store(limit, Relaxed);
+        }
+    }
 }
 
 /// Marks an entity as used, for the second-chance queue.
@@ -196,14 +204,13 @@ impl Admission {
         template: &crate::template::ResourceTemplate,
         max_marks: Option<u64>,
     ) -> Result<Arc<Resource>, StoreError> {
+        if let Some(entity) = self.entity_cached(name, max_marks) {
+            return Ok(entity);
+        }
         let entity = self.entity_inner(name, template.as_str()).await?;
         if let Some(limit) = max_marks {
             match entity.quota.get() {
-                Some(q) => {
-                    if q.limit.load(Relaxed) != limit {
-                        q.limit.store(limit, Relaxed);
-                    }
-                }
+                Some(q) => q.set_limit(limit),
                 None => {
                     let q = self.quota(template, limit).await?;
                     let _ = entity.quota.set(q);
@@ -218,10 +225,7 @@ impl Admission {
     pub fn entity_cached(&self, name: &str, max_marks: Option<u64>) -> Option<Arc<Resource>> {
         let entity = self.resource(name)?;
         if let Some(limit) = max_marks {
-            let q = entity.quota.get()?;
-            if q.limit.load(Relaxed) != limit {
-                q.limit.store(limit, Relaxed);
-            }
+            entity.quota.get()?.set_limit(limit);
         }
         Some(entity)
     }
@@ -233,8 +237,7 @@ impl Admission {
     ) -> Result<Arc<Quota>, StoreError> {
         let mut quotas = self.entities.quotas.lock().await;
         if let Some(q) = quotas.get(template.as_str()) {
-            // The route's limit as configured now (a reload may have changed it).
-            q.limit.store(limit, Relaxed);
+            q.set_limit(limit);
             return Ok(Arc::clone(q));
         }
         // The store's names under the template's literal start (a count, not a read of
