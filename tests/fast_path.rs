@@ -595,6 +595,54 @@ async fn a_stop_closes_waiting_connections_at_once_and_finishes_the_requests_beg
     }
 }
 
+/// A head completed after the server began to stop is answered with `Connection: close` even
+/// when its connection's watchdog has not heard of the stop yet (CI once got a plain 200: the
+/// answer told the client to keep a connection that the server was closing). Many
+/// connections at once, so that some are served before their watchdog runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_answer_after_a_stop_began_says_connection_close() {
+    for fast in [true, false] {
+        let e = env(fast).await;
+        let addr = e.proxy.addr;
+        let mut partial = Vec::new();
+        for _ in 0..64 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /b HTTP/1.1\r\nhost: a\r\n")
+                .await
+                .unwrap();
+            partial.push(s);
+        }
+        let mut idle = kept_idle(addr).await;
+        let stopped = tokio::spawn(e.proxy.shutdown());
+        // The stop began: the idle connection is closed by it.
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(5), idle.read_to_end(&mut rest)).await;
+        for s in &mut partial {
+            let _ = s.write_all(b"\r\n").await;
+        }
+        let mut answered = 0;
+        for s in &mut partial {
+            let mut answer = Vec::new();
+            let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer)).await;
+            let answer = String::from_utf8_lossy(&answer).into_owned();
+            // A connection whose head the proxy had not read when the stop came is closed
+            // without an answer; any answer must close.
+            if !answer.is_empty() {
+                answered += 1;
+                assert!(
+                    answer.to_ascii_lowercase().contains("connection: close"),
+                    "fast={fast}: {answer}"
+                );
+            }
+        }
+        assert!(answered > 0, "fast={fast}: no partial head was answered");
+        tokio::time::timeout(Duration::from_secs(5), stopped)
+            .await
+            .expect("the server stops")
+            .unwrap();
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The fast path's connection watched by a sentry task of its own: stops, timeouts, hand-over.
 

@@ -241,15 +241,19 @@ impl Watch {
         // The timer and the stop signal are polled with this flag's waker, and only when it
         // was raised: the connection's own wake-ups do not poll them (see `wake`).
         let gate = Gate::new();
+        // The connection is polled before the watchdog only at its very first poll: hyper's
+        // `auto` connection asked to shut down before it was polled drops a request already
+        // read (see `handoff::spawn`). From then on a stop is heard before the connection
+        // reads or answers anything more, so every answer written after the server began to
+        // stop says `Connection: close`, and no pipelined request is begun (CI once saw both
+        // when the task was woken by its upstream and the stop at once).
+        let mut fresh = true;
         loop {
             gate.open(); // new or reset futures below: poll them once
             let event = {
                 let changed = self.stopping.changed();
                 tokio::pin!(changed);
                 std::future::poll_fn(|cx| {
-                    if let Poll::Ready(res) = conn.as_mut().poll(cx) {
-                        return Poll::Ready(Event::Ended(res));
-                    }
                     // Both behind one gate: when either woke the task, both are polled.
                     let watchdog = std::future::poll_fn(|wcx| {
                         if hard_stop.is_none() {
@@ -260,7 +264,19 @@ impl Watch {
                         timer.as_mut().poll(wcx).map(|()| Event::Timer)
                     });
                     tokio::pin!(watchdog);
-                    gate.poll(watchdog, cx)
+                    if !fresh {
+                        if let Poll::Ready(event) = gate.poll(watchdog.as_mut(), cx) {
+                            return Poll::Ready(event);
+                        }
+                    }
+                    if let Poll::Ready(res) = conn.as_mut().poll(cx) {
+                        return Poll::Ready(Event::Ended(res));
+                    }
+                    if fresh {
+                        fresh = false;
+                        return gate.poll(watchdog, cx);
+                    }
+                    Poll::Pending
                 })
                 .await
             };

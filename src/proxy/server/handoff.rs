@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -60,6 +61,9 @@ pub type FirstHandler<C> = Arc<dyn Fn(FirstConn<C>) -> FirstFuture + Send + Sync
 #[derive(Debug, Clone)]
 pub struct Activity {
     pub(super) state: Arc<State>,
+    /// Set by the server when it stops, before any sentry hears of it: a request answered
+    /// after that carries `Connection: close` even if its connection's sentry has not run yet.
+    pub(super) server_stopping: Arc<AtomicBool>,
 }
 
 impl Activity {
@@ -76,7 +80,7 @@ impl Activity {
     /// connection waiting for a request is closed by its sentry.
     #[must_use]
     pub fn end(&self) -> bool {
-        self.state.end()
+        self.state.end() || self.server_stopping.load(Ordering::SeqCst)
     }
 
     /// Part of the next request head is read, and the handler waits for the rest: `false`
@@ -87,9 +91,10 @@ impl Activity {
         self.state.partial()
     }
 
-    /// Whether the connection was asked to finish after the current request.
+    /// Whether the connection was asked to finish after the current request, or the server
+    /// began to stop (its sentry may not have run yet).
     pub fn stopping(&self) -> bool {
-        self.state.stop_asked()
+        self.server_stopping.load(Ordering::SeqCst) || self.state.stop_asked()
     }
 
     /// The handler is about to hand the connection to hyper: `false` when the connection is

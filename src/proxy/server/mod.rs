@@ -73,7 +73,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -229,6 +229,8 @@ pub async fn serve_first<H, F, B, C>(
     // Each connection task holds a sender; `recv` returns `None` once all have finished.
     let (alive, mut all_done) = mpsc::channel::<Infallible>(1);
     let (stop, stopping) = watch::channel(false);
+    // Read by the fast path's connections for each answer (see `Activity::stopping`).
+    let server_stopping = Arc::new(AtomicBool::new(false));
     let mut reserve = reserve_fd();
     tokio::pin!(shutdown);
     loop {
@@ -328,6 +330,7 @@ pub async fn serve_first<H, F, B, C>(
                     local,
                     activity: Activity {
                         state: Arc::clone(&state),
+                        server_stopping: Arc::clone(&server_stopping),
                     },
                     max_header_bytes: limits.max_header_bytes,
                 });
@@ -381,6 +384,7 @@ pub async fn serve_first<H, F, B, C>(
     }
     drop(listener);
     drop(alive);
+    server_stopping.store(true, Ordering::SeqCst);
     let _ = stop.send(true);
     tokio::select! {
         _ = all_done.recv() => tracing::debug!("all connections closed"),
