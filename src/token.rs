@@ -162,6 +162,62 @@ pub(crate) fn from_values<'a>(
     FencingToken::parse(first).map(Some)
 }
 
+/// The header that makes a request on a guarded route a **fence request**: admitted like any
+/// request (an advance is persisted and older requests drained), then answered `204` (gRPC:
+/// OK) with the mark, never forwarded. A new owner sends one before anything else, so that
+/// its predecessor is refused from then on (see the guide's fence requests).
+pub const FENCE_HEADER: &str = "x-fencing-fence";
+
+/// Why an `x-fencing-fence` header does not ask for a fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceHeaderError {
+    /// A value other than `1`.
+    #[error("x-fencing-fence must be exactly 1 (a fence request) or absent")]
+    NotOne,
+    /// The header appears more than once.
+    #[error("x-fencing-fence appears more than once")]
+    Repeated,
+}
+
+/// Whether the values of `x-fencing-fence` ask for a fence: `Ok(false)` when absent.
+pub(crate) fn fence_from_values<'a>(
+    mut values: impl Iterator<Item = &'a [u8]>,
+) -> Result<bool, FenceHeaderError> {
+    let Some(first) = values.next() else {
+        return Ok(false);
+    };
+    if values.next().is_some() {
+        return Err(FenceHeaderError::Repeated);
+    }
+    if first == b"1" {
+        Ok(true)
+    } else {
+        Err(FenceHeaderError::NotOne)
+    }
+}
+
+/// Whether `headers` ask for a fence (`x-fencing-fence: 1`): `Ok(false)` when absent.
+///
+/// # Errors
+/// [`FenceHeaderError`] for any other value, or a repeated header.
+pub fn fence_from_headers(headers: &HeaderMap) -> Result<bool, FenceHeaderError> {
+    fence_from_values(
+        headers
+            .get_all(FENCE_HEADER)
+            .iter()
+            .map(HeaderValue::as_bytes),
+    )
+}
+
+/// Makes the request whose headers are `headers` a fence request (`x-fencing-fence: 1`).
+pub fn insert_fence_header(headers: &mut HeaderMap) {
+    headers.insert(
+        HeaderName::from_static(FENCE_HEADER),
+        HeaderValue::from_static("1"),
+    );
+}
+
 /// Up to this many distinct field names, [`from_headers`] scans instead of hashing.
 const SCAN_UP_TO: usize = 16;
 
@@ -248,5 +304,26 @@ mod tests {
         let t = FencingToken::new(u64::MAX).unwrap();
         insert_header(&mut h, name.clone(), t);
         assert_eq!(from_headers(&h, &name), Ok(Some(t)));
+    }
+
+    #[test]
+    fn only_one_fence_header_with_the_value_1_asks_for_a_fence() {
+        let mut h = HeaderMap::new();
+        assert_eq!(fence_from_headers(&h), Ok(false));
+        insert_fence_header(&mut h);
+        assert_eq!(fence_from_headers(&h), Ok(true));
+        for bad in ["0", "true", " 1", "1 ", "", "01", "yes"] {
+            let mut h = HeaderMap::new();
+            h.insert(FENCE_HEADER, HeaderValue::from_str(bad).unwrap());
+            assert_eq!(
+                fence_from_headers(&h),
+                Err(FenceHeaderError::NotOne),
+                "{bad:?}"
+            );
+        }
+        let mut h = HeaderMap::new();
+        h.append(FENCE_HEADER, HeaderValue::from_static("1"));
+        h.append(FENCE_HEADER, HeaderValue::from_static("1"));
+        assert_eq!(fence_from_headers(&h), Err(FenceHeaderError::Repeated));
     }
 }

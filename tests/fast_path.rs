@@ -400,6 +400,13 @@ async fn refusals_are_the_same_bytes_on_both_paths() {
         "GET /x HTTP/1.1\r\nconnection: close\r\n\r\n".to_owned(),
         "HEAD /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 3\r\nconnection: close\r\n\r\n"
             .to_owned(),
+        // Fence requests: admitted (204, no length), refused, malformed.
+        post("x-fencing-token: 9\r\nx-fencing-fence: 1\r\n"),
+        post("x-fencing-token: 10\r\nx-fencing-fence: 1\r\n"),
+        post("x-fencing-token: 3\r\nx-fencing-fence: 1\r\n"),
+        post("x-fencing-token: 11\r\nx-fencing-fence: yes\r\n"),
+        "HEAD /orders HTTP/1.1\r\nhost: a\r\nx-fencing-token: 10\r\nx-fencing-fence: 1\r\nconnection: close\r\n\r\n"
+            .to_owned(),
     ] {
         let a = raw(fast.proxy.addr, req.as_bytes()).await;
         let b = raw(hyper.proxy.addr, req.as_bytes()).await;

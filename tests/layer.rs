@@ -273,3 +273,93 @@ async fn a_layer_with_a_resource_template_keeps_one_mark_per_entity() {
     let marks = e.admission.marks();
     assert_eq!((marks["warehouse/7"], marks["warehouse/8"]), (51, 40));
 }
+
+/// A fence request through the layer: admitted like any request and answered 204 (gRPC: OK)
+/// with the mark; the service never runs for it. Stale, malformed, token-less and unguarded
+/// fences are refused.
+#[tokio::test]
+async fn a_fence_request_is_answered_by_the_layer_and_never_reaches_the_service() {
+    let e = env().await; // "orders" at MARK (51)
+    let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&ran);
+    let layer = FenceLayer::new(Arc::clone(&e.admission), "unused").with_resource_fn(|parts| {
+        parts
+            .uri
+            .path()
+            .strip_prefix("/r/")
+            .map(|rest| rest.split('/').next().unwrap_or_default().to_owned())
+    });
+    let svc = layer.layer(tower::service_fn(
+        move |_: Request<palisade::layer::FenceRequestBody<Full<Bytes>>>| {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from("ok"))))
+            }
+        },
+    ));
+    let call = |path: &str, headers: &[(&str, &str)]| {
+        let mut req = Request::post(path.to_owned());
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let call = svc
+            .clone()
+            .oneshot(req.body(Full::new(Bytes::from("body"))).unwrap());
+        async move {
+            let resp = call.await.unwrap();
+            let (parts, body) = resp.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        }
+    };
+    let fence = |t: &'static str| [("x-fencing-token", t), ("x-fencing-fence", "1")];
+    let (resp, body) = call("/r/orders/1", &fence("60")).await;
+    assert_eq!(resp.status, StatusCode::NO_CONTENT);
+    assert_eq!(resp.headers["x-fencing-mark"], "60");
+    assert!(body.is_empty());
+    assert_eq!(stored(&e.marks), 60, "persisted before the answer");
+    // The old owner is refused from now on, before the new owner wrote anything.
+    assert_eq!(
+        call("/r/orders/1", &[("x-fencing-token", "51")])
+            .await
+            .0
+            .status,
+        409
+    );
+    let (resp, _) = call("/r/orders/1", &fence("59")).await;
+    assert_eq!(resp.status, StatusCode::CONFLICT, "a stale fence");
+    let (resp, body) = call(
+        "/r/orders/1",
+        &[("x-fencing-token", "61"), ("x-fencing-fence", "true")],
+    )
+    .await;
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&body).contains("malformed_fence"));
+    let (resp, _) = call("/r/orders/1", &[("x-fencing-fence", "1")]).await;
+    assert_eq!(
+        resp.status,
+        StatusCode::PRECONDITION_REQUIRED,
+        "a fence needs a token"
+    );
+    let (resp, body) = call("/health", &fence("61")).await;
+    assert_eq!(resp.status, StatusCode::BAD_REQUEST);
+    assert!(String::from_utf8_lossy(&body).contains("nothing_to_fence"));
+    // gRPC: trailers-only OK with the mark.
+    let (resp, _) = call(
+        "/r/orders/1",
+        &[
+            ("x-fencing-token", "61"),
+            ("x-fencing-fence", "1"),
+            ("content-type", "application/grpc"),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(resp.headers["grpc-status"], "0");
+    assert_eq!(resp.headers["x-fencing-mark"], "61");
+    assert_eq!(e.admission.marks()["orders"], 61);
+    assert_eq!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the service never ran"
+    );
+}

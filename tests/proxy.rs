@@ -1227,8 +1227,146 @@ async fn entities_beyond_max_cached_are_evicted_and_beyond_max_marks_refused() {
 }
 
 // Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
+/// A fence request (`x-fencing-fence: 1`) is judged like any request and answered 204 with
+/// the mark, over HTTP/1.1 and h2c; the upstream never sees it. Once the new owner fenced,
+/// its predecessor is refused before the new owner wrote anything. Stale, malformed,
+/// token-less and unguarded fences get the usual refusals and move nothing.
+async fn a_fence_request_moves_the_mark_and_never_reaches_the_upstream() {
+    let e = env().await;
+    let url = e.proxy.url("/orders/1");
+    let fence = |token: &'static str| -> Vec<(&'static str, &'static [u8])> {
+        vec![
+            ("x-fencing-token", token.as_bytes()),
+            ("x-fencing-fence", b"1"),
+        ]
+    };
+    assert_eq!(
+        post(&url, Some("34")).await.status,
+        StatusCode::OK,
+        "owner A writes"
+    );
+    for (client, token) in [(http1_client(), "51"), (h2c_client(), "52")] {
+        let got = send(&client, Method::POST, &url, &fence(token), b"").await;
+        assert_eq!(got.status, StatusCode::NO_CONTENT, "{}", got.text());
+        assert_eq!(got.headers["x-fencing-mark"], token);
+        assert!(
+            !got.headers.contains_key("content-length"),
+            "a 204 has no length: {:?}",
+            got.headers
+        );
+        assert!(got.body.is_empty());
+        // Persisted before the answer, as an advance always is.
+        assert_eq!(
+            e.proxy.marks().await["orders"],
+            token.parse::<u64>().unwrap()
+        );
+    }
+    assert_eq!(e.up.log.len(), 1, "no fence reached the upstream");
+    // The old owner is refused before the new owner's first write.
+    let zombie = post(&url, Some("34")).await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT);
+    assert_eq!(zombie.headers["x-fencing-mark"], "52");
+    // A fence with a body, equal to the mark: admitted, the body goes nowhere.
+    let got = send(&http1_client(), Method::PUT, &url, &fence("52"), b"ignored").await;
+    assert_eq!(got.status, StatusCode::NO_CONTENT);
+    // A stale fence is a stale request.
+    let got = send(&http1_client(), Method::POST, &url, &fence("51"), b"").await;
+    assert_eq!(got.status, StatusCode::CONFLICT);
+    assert_eq!(got.json()["error"], "stale_token");
+    // Malformed fence headers: 400, nothing moves.
+    for bad in [&b"0"[..], b"yes", b"1,1", b""] {
+        let headers = [("x-fencing-token", &b"60"[..]), ("x-fencing-fence", bad)];
+        let got = send(&http1_client(), Method::POST, &url, &headers, b"").await;
+        assert_eq!(got.status, StatusCode::BAD_REQUEST, "{bad:?}");
+        assert_eq!(got.json()["error"], "malformed_fence", "{bad:?}");
+    }
+    let twice = [
+        ("x-fencing-token", &b"60"[..]),
+        ("x-fencing-fence", b"1"),
+        ("x-fencing-fence", b"1"),
+    ];
+    let got = send(&http1_client(), Method::POST, &url, &twice, b"").await;
+    assert_eq!(got.json()["error"], "malformed_fence");
+    // A fence needs a token, even on a route that lets token-less requests through.
+    for path in ["/orders/1", "/lenient/x"] {
+        let headers = [("x-fencing-fence", &b"1"[..])];
+        let got = send(
+            &http1_client(),
+            Method::POST,
+            &e.proxy.url(path),
+            &headers,
+            b"",
+        )
+        .await;
+        assert_eq!(got.status, StatusCode::PRECONDITION_REQUIRED, "{path}");
+    }
+    // A route that keeps no mark has nothing to fence: refused, never forwarded.
+    let got = send(
+        &http1_client(),
+        Method::POST,
+        &e.proxy.url("/other"),
+        &fence("60"),
+        b"",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_REQUEST);
+    assert_eq!(got.json()["error"], "nothing_to_fence");
+    assert_eq!(e.proxy.marks().await["orders"], 52);
+    assert_eq!(e.up.log.len(), 1, "{:?}", e.up.log.paths());
+    let m = e.proxy.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"palisade_requests_total{outcome="fence",route="orders-write"}"#
+        ),
+        Some(3.0),
+        "{m}"
+    );
+}
+
+/// Over gRPC a fence is answered trailers-only with status OK and the mark as metadata, and
+/// a stale call's refusal carries the mark as trailing metadata, as the HTTP header does.
+async fn a_grpc_fence_is_ok_and_refusals_carry_the_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::grpc::upstream().await;
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [marks]\nstore = \"file\"\npath = \"{}\"\n[[upstream]]\nname = \"u\"\n\
+         url = \"http://{}\"\nprotocol = \"h2c\"\n[[route]]\nname = \"g\"\n\
+         upstream = \"u\"\npath_prefix = \"/\"\nresource = \"orders\"\n",
+        dir.path().join("marks.db").display(),
+        up.addr
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let mut client = support::grpc::EchoClient::connect(proxy.addr).await;
+    client.say("a", Some("34")).await.unwrap();
+    let headers = [
+        ("content-type", &b"application/grpc"[..]),
+        ("te", b"trailers"),
+        ("x-fencing-token", b"51"),
+        ("x-fencing-fence", b"1"),
+    ];
+    let url = proxy.url(support::grpc::SAY);
+    let got = send(&h2c_client(), Method::POST, &url, &headers, b"").await;
+    assert_eq!(got.status, StatusCode::OK);
+    assert_eq!(got.headers["grpc-status"], "0", "{:?}", got.headers);
+    assert_eq!(got.headers["x-fencing-mark"], "51");
+    assert!(got.body.is_empty());
+    assert_eq!(proxy.marks().await["orders"], 51);
+    let stale = client.say("zombie", Some("34")).await.unwrap_err();
+    assert_eq!(stale.code(), tonic::Code::Aborted);
+    assert_eq!(stale.metadata().get("x-fencing-mark").unwrap(), "51");
+    assert_eq!(
+        up.log.len(),
+        1,
+        "neither the fence nor the zombie reached the upstream"
+    );
+}
+
 support::on_both_paths!(
     stale_token_is_rejected_with_409_and_never_reaches_upstream,
+    a_fence_request_moves_the_mark_and_never_reaches_the_upstream,
+    a_grpc_fence_is_ok_and_refusals_carry_the_mark,
     malformed_tokens_get_400_and_missing_gets_428,
     zombie_story_shows_in_metrics,
     cross_protocol_h2c_to_http1_and_http1_to_h2c,

@@ -35,10 +35,12 @@ pub enum Outcome {
     /// A new entity of a templated route, refused because the route's `max_marks` stored
     /// marks exist: 503 / RESOURCE_EXHAUSTED.
     MarksFull,
+    /// A fence request (`x-fencing-fence: 1`) admitted and answered 204 / OK, not forwarded.
+    Fence,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 11] = [
+    const ALL: [Outcome; 12] = [
         Outcome::Admitted,
         Outcome::Passthrough,
         Outcome::Stale,
@@ -50,6 +52,7 @@ impl Outcome {
         Outcome::MethodNotAllowed,
         Outcome::TooLarge,
         Outcome::MarksFull,
+        Outcome::Fence,
     ];
 
     /// The label value.
@@ -66,6 +69,7 @@ impl Outcome {
             Outcome::MethodNotAllowed => "method_not_allowed",
             Outcome::TooLarge => "too_large",
             Outcome::MarksFull => "marks_full",
+            Outcome::Fence => "fence",
         }
     }
 }
@@ -104,7 +108,7 @@ pub struct EntityMetrics {
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
 #[derive(Debug, Clone)]
-pub struct Outcomes([IntCounter; 11]);
+pub struct Outcomes([IntCounter; 12]);
 
 impl Outcomes {
     /// Counts one request under `outcome`.

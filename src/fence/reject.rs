@@ -8,7 +8,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
-use crate::token::TokenError;
+use crate::token::{FenceHeaderError, TokenError};
 
 /// Header on a 409 that tells the client the mark that refused it.
 pub const MARK_HEADER: &str = "x-fencing-mark";
@@ -22,6 +22,14 @@ pub enum Rejection {
     /// The token header is not a canonical token.
     #[error("malformed fencing token: {0}")]
     MalformedToken(#[source] TokenError),
+    /// The `x-fencing-fence` header is not one `1`.
+    #[error("malformed fence request: {0}")]
+    MalformedFence(#[source] FenceHeaderError),
+    /// A fence request on a route that keeps no mark (unguarded, or its pattern names no
+    /// resource): there is nothing to fence, and forwarding it would tell the owner it was
+    /// fenced when nothing was.
+    #[error("a fence request (x-fencing-fence) on a route that keeps no mark: nothing to fence")]
+    NothingToFence,
     /// The request is ambiguous or unsafe to forward (Host missing, duplicate, conflicting or
     /// malformed; a body on GET).
     #[error("bad request: {0}")]
@@ -188,6 +196,14 @@ impl Rejection {
             Rejection::MalformedToken(_) => {
                 (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_token")
             }
+            Rejection::MalformedFence(_) => {
+                (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "malformed_fence")
+            }
+            Rejection::NothingToFence => (
+                StatusCode::BAD_REQUEST,
+                INVALID_ARGUMENT,
+                "nothing_to_fence",
+            ),
             Rejection::BadPath(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_path"),
             Rejection::BadResource(_) => {
                 (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_resource")
@@ -275,6 +291,22 @@ impl Rejection {
     }
 }
 
+/// The answer to an admitted fence request, the table's last row: `204 No Content` with
+/// `x-fencing-mark` (the mark now, the fence's token), or for gRPC a trailers-only OK that
+/// carries it as metadata. Never forwarded: the upstream does not see fences.
+pub fn fence_admitted(mark: u64, grpc: Option<&HeaderValue>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    let h = r.headers_mut();
+    if let Some(content_type) = grpc {
+        h.insert(header::CONTENT_TYPE, content_type.clone());
+        h.insert("grpc-status", HeaderValue::from_static("0"));
+    } else {
+        *r.status_mut() = StatusCode::NO_CONTENT;
+    }
+    r.headers_mut().insert(MARK_HEADER, HeaderValue::from(mark));
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,6 +324,19 @@ mod tests {
         }
         .respond(ctx, None);
         assert_eq!(r.status(), StatusCode::CONFLICT);
+        assert_eq!(r.headers()[MARK_HEADER], "51");
+    }
+
+    #[test]
+    fn an_admitted_fence_is_204_with_the_mark_or_grpc_ok() {
+        let r = fence_admitted(51, None);
+        assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        assert_eq!(r.headers()[MARK_HEADER], "51");
+        assert!(http_body::Body::is_end_stream(r.body()));
+        let grpc = HeaderValue::from_static("application/grpc");
+        let r = fence_admitted(51, Some(&grpc));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()["grpc-status"], "0");
         assert_eq!(r.headers()[MARK_HEADER], "51");
     }
 

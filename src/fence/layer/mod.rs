@@ -212,6 +212,21 @@ where
     }
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
+        let fence = match token::fence_from_headers(req.headers()) {
+            Ok(fence) => fence,
+            Err(e) => {
+                let refusal = (Rejection::MalformedFence(e), None, None);
+                return ResponseFuture::refused(refuse(refusal, req.headers()));
+            }
+        };
+        if fence {
+            // Answered here once admitted: the service never sees a fence.
+            let settings = Arc::clone(&self.settings);
+            let (parts, _body) = req.into_parts();
+            return ResponseFuture::waiting(Box::pin(async move {
+                Ok(fence_answer(&settings, &parts).await)
+            }));
+        }
         // Decided at once. Admitted (an equal token) or unguarded: the service that was polled
         // ready runs the request now, and the future is a small named one, no allocation. A
         // fixed resource is judged on the request as it is (no split into parts and back).
@@ -261,7 +276,7 @@ where
                     let resp = inner.call(req).await?;
                     Ok(resp.map(|b| FenceResponseBody::inner(b, None)))
                 }
-                Ok(Some((token, ticket))) => {
+                Ok(Some((token, ticket, _))) => {
                     parts.extensions.insert(token);
                     let (for_body, for_response) = ticket.split();
                     let req =
@@ -314,6 +329,40 @@ fn refuse<RB>(
         .map(FenceResponseBody::rejected)
 }
 
+/// The answer to a fence request: admitted like any request (an advance persisted, older
+/// requests drained), then 204 / gRPC OK with the mark; refused as any request would be.
+async fn fence_answer<RB>(
+    s: &Settings,
+    parts: &http::request::Parts,
+) -> Response<FenceResponseBody<RB>> {
+    let refusal = match admit(s, parts).await {
+        Ok(Some((_, ticket, resource))) => {
+            drop(ticket);
+            let grpc = crate::reject::grpc_content_type(&parts.headers);
+            return crate::reject::fence_admitted(resource.mark(), grpc.as_ref())
+                .map(FenceResponseBody::rejected);
+        }
+        // Allowed without a token: a fence needs one.
+        Ok(None)
+            if token::from_headers(&parts.headers, &s.header).is_ok_and(|t| t.is_none())
+                && guarded(s, parts) =>
+        {
+            (Rejection::MissingToken, None, None)
+        }
+        Ok(None) => (Rejection::NothingToFence, None, None),
+        Err(refusal) => refusal,
+    };
+    refuse(refusal, &parts.headers)
+}
+
+/// Whether a request is for a resource (`false`: the layer lets it through unguarded).
+fn guarded(s: &Settings, parts: &http::request::Parts) -> bool {
+    match &s.which {
+        Which::Fixed(..) => true,
+        which => !matches!(derive(which, parts), Ok(None)),
+    }
+}
+
 /// The synchronous part of [`admit`] for a known resource (borrowed: an admitted request
 /// takes no reference to it): `None` when only the async path can decide.
 #[inline]
@@ -360,8 +409,11 @@ type Admitted = Option<(FencingToken, crate::drain::Ticket)>;
 type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
 
 /// The proxy's admission, in-process: `Ok(None)` for an unguarded or token-less allowed
-/// request, the token and its drain ticket when admitted.
-async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, Refusal> {
+/// request, the token, its drain ticket and its resource when admitted.
+async fn admit(
+    s: &Settings,
+    parts: &http::request::Parts,
+) -> Result<Option<(FencingToken, crate::drain::Ticket, Arc<Resource>)>, Refusal> {
     let derived = match &s.which {
         Which::Fixed(..) => None,
         which => match derive(which, parts) {
@@ -412,7 +464,7 @@ async fn admit(s: &Settings, parts: &http::request::Parts) -> Result<Admitted, R
         (_, None) => return Ok(None),
     };
     match s.admission.admit(&resource, token, s.drain_timeout).await {
-        Ok((_, ticket)) => Ok(Some((token, ticket))),
+        Ok((_, ticket)) => Ok(Some((token, ticket, resource))),
         Err(Refused::Full { limit, .. }) => Err((
             Rejection::MarksFull { limit },
             Some(resource),

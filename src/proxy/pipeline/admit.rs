@@ -1,6 +1,6 @@
 //! The checks every request passes before its upstream exchange, in one place for hyper's
 //! path and the HTTP/1.1 fast path: path normal form, host, routing, method rules, the GET-body
-//! rule, `max_body_bytes` and the fence.
+//! rule, `max_body_bytes`, the fence, and the answer to a fence request.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use http::Response;
 use http_body_util::Full;
 
 use super::body::{BodyLimit, InflightGuard};
+use super::fields::Fields;
 use super::note::Note;
 use super::request::{grpc_content_type, has_body, is_bodiless_method, request_host, RequestView};
 use super::upstream::Upstream;
@@ -21,6 +22,9 @@ use crate::drain::Ticket;
 use crate::metrics::Outcome;
 use crate::path::{self, PathError};
 use crate::reject::Rejection;
+
+/// `x-fencing-fence`, read from the request's fields.
+const FENCE_HEADER: http::HeaderName = http::HeaderName::from_static(crate::token::FENCE_HEADER);
 
 /// A request that passed [`Proxy::admit`]: what the upstream exchange needs to know.
 pub(super) struct Admitted<'a> {
@@ -164,6 +168,21 @@ impl Proxy {
                 }),
             },
         };
+        // A fence request is judged like any request, then answered here (below).
+        let fence_request =
+            match crate::token::fence_from_values(req.fields().values(&FENCE_HEADER)) {
+                Ok(f) => f,
+                Err(e) => {
+                    let why = Rejection::MalformedFence(e);
+                    let refused = (Outcome::Malformed, None);
+                    return Err(self.refuse(route, why, refused, grpc, peer, started, note));
+                }
+            };
+        if fence_request && !route.settings.guard {
+            let refused = (Outcome::Malformed, None);
+            let why = Rejection::NothingToFence;
+            return Err(self.refuse(route, why, refused, grpc, peer, started, note));
+        }
         let inflight = InflightGuard::new(&route.metrics.inflight);
 
         let target = super::refuse::Target {
@@ -187,6 +206,18 @@ impl Proxy {
             }
         };
         drop(key);
+        if fence_request {
+            drop(ticket); // admitted: older requests were drained; nothing goes upstream
+            return Err(match token {
+                Some(t) => self.fence_answered(route, t, grpc, peer, started, note),
+                // A route that lets requests without a token through: a fence needs one.
+                None => {
+                    let refused = (Outcome::Missing, None);
+                    let why = Rejection::MissingToken;
+                    self.refuse(route, why, refused, grpc, peer, started, note)
+                }
+            });
+        }
         let rewritten = match normalized {
             Cow::Owned(p) => Some(p),
             Cow::Borrowed(_) => None,

@@ -91,6 +91,36 @@ impl Proxy {
         rejection.respond(ctx, grpc.as_ref())
     }
 
+    /// Answers an admitted fence request (`x-fencing-fence: 1`): 204 / gRPC OK with the mark,
+    /// logged and counted as `fence`; the upstream never sees it.
+    pub(super) fn fence_answered(
+        &self,
+        route: &Route,
+        token: u64,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+        note: &mut Note<'_>,
+    ) -> Response<Full<Bytes>> {
+        note.set(Outcome::Fence, Some(token));
+        let resource = note.resource();
+        let mark = resource.map_or(token, Resource::mark);
+        tracing::info!(
+            route = %route.settings.name,
+            resource = resource.map(Resource::name),
+            token,
+            mark,
+            peer = %peer,
+            "fence request admitted"
+        );
+        route.metrics.count(Outcome::Fence);
+        route
+            .metrics
+            .duration
+            .observe(started.elapsed().as_secs_f64());
+        crate::reject::fence_admitted(mark, grpc.as_ref())
+    }
+
     /// Refuses a request that matched `route`: logged, counted, answered from the table.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn refuse(

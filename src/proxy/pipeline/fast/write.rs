@@ -57,7 +57,9 @@ pub(super) fn refusal(
     headers(out, &parts.headers);
     // hyper's server says no length for an empty body to HEAD (the body it does not send
     // might have had one), and the body's length otherwise.
-    let says_none = head_request && body.is_empty();
+    // Nor for a 204 (RFC 9110 8.6: never a Content-Length there).
+    let says_none =
+        (head_request && body.is_empty()) || parts.status == http::StatusCode::NO_CONTENT;
     if !says_none && !parts.headers.contains_key(header::CONTENT_LENGTH) {
         out.extend_from_slice(b"content-length: ");
         out.extend_from_slice(body.len().to_string().as_bytes());
