@@ -55,7 +55,7 @@ pub use client::fenced_txn;
 #[cfg(feature = "object-store")]
 pub use client::objstore;
 pub(crate) use client::queue;
-pub use client::{election, error, lock, provider, rwlock, semaphore, session, transport};
+pub use client::{election, error, lock, owner, provider, rwlock, semaphore, session, transport};
 #[cfg(feature = "layer")]
 pub use fence::layer;
 #[cfg(feature = "fence")]

@@ -153,6 +153,13 @@ impl Leadership {
         &self.0.incarnation
     }
 
+    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
+    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// this ownership counts as lost at once.
+    pub fn owner(&self) -> crate::owner::Owner {
+        self.0.owner.clone()
+    }
+
     /// Fires when the session, and so the leadership, is lost or closed.
     pub fn loss_signal(&self) -> LossSignal {
         self.0.loss_signal()
@@ -223,6 +230,9 @@ pub struct LeaderContext {
     pub token: FencingToken,
     /// Fires when leadership is lost; the closure should stop promptly.
     pub lost: LossSignal,
+    /// The token with its fenced feedback: a resource's stale refusal reported here (by
+    /// [`crate::transport`]'s helpers or client layer) cancels the work at once.
+    pub owner: crate::owner::Owner,
 }
 
 impl Session {
@@ -231,8 +241,13 @@ impl Session {
     /// [`LeaderContext::lost`]; resignation waits for `work` to return, so work guarded by the
     /// leadership never overlaps the next leader's because of this helper.
     ///
+    /// A resource that refuses the term's token as stale, reported through
+    /// [`LeaderContext::owner`], proves a newer leader: `work` is dropped (cancelled) at once
+    /// and `lead` returns [`Error::Fenced`].
+    ///
     /// # Errors
-    /// The campaign's errors; a failed resignation is logged (the lease ends it anyway).
+    /// The campaign's errors, or [`Error::Fenced`]; a failed resignation is logged (the lease
+    /// ends it anyway).
     pub async fn lead<F, Fut, T>(
         &self,
         name: &str,
@@ -244,15 +259,25 @@ impl Session {
         Fut: Future<Output = T>,
     {
         let leadership = self.campaign(name, value).await?;
-        let out = work(LeaderContext {
+        let owner = leadership.owner();
+        let mut fenced = owner.subscribe();
+        let work = work(LeaderContext {
             token: leadership.token(),
             lost: leadership.loss_signal(),
-        })
-        .await;
+            owner,
+        });
+        let out = tokio::select! {
+            biased;
+            mark = crate::owner::fenced(&mut fenced) => Err(Error::Fenced {
+                name: name.to_owned(),
+                mark,
+            }),
+            out = work => Ok(out),
+        };
         if let Err(e) = leadership.resign().await {
             tracing::debug!(election = name, error = %e, "resign after lead failed");
         }
-        Ok(out)
+        out
     }
 }
 

@@ -58,6 +58,15 @@ pub enum Error {
         /// The primitive's name.
         name: String,
     },
+    /// A resource refused this owner's token as stale (its mark is above it): a newer owner
+    /// exists. [`crate::session::Session::lead`] returns it when its work was cancelled so.
+    #[error("{name}: fenced: a resource's mark {mark} is above this owner's token")]
+    Fenced {
+        /// The primitive's name.
+        name: String,
+        /// The mark that refused the token.
+        mark: u64,
+    },
     /// `proclaim` by a candidate that no longer leads.
     #[error("{name}: not the leader")]
     NotLeader {

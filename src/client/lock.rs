@@ -74,6 +74,13 @@ impl LockGrant {
         &self.0.incarnation
     }
 
+    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
+    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// this ownership counts as lost at once.
+    pub fn owner(&self) -> crate::owner::Owner {
+        self.0.owner.clone()
+    }
+
     /// Fires when the session, and so this ownership, is lost or closed.
     pub fn loss_signal(&self) -> LossSignal {
         self.0.loss_signal()

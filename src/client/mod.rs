@@ -10,6 +10,7 @@ pub mod fenced_txn;
 pub mod lock;
 #[cfg(feature = "object-store")]
 pub mod objstore;
+pub mod owner;
 pub mod provider;
 pub(crate) mod queue;
 pub mod rwlock;

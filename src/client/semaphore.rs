@@ -127,6 +127,13 @@ impl Permit {
         &self.grant.incarnation
     }
 
+    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
+    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// this ownership counts as lost at once.
+    pub fn owner(&self) -> crate::owner::Owner {
+        self.grant.owner.clone()
+    }
+
     /// Fires when the session is lost or closed, or the slot key disappears.
     pub fn loss_signal(&self) -> LossSignal {
         self.grant.loss_signal()

@@ -189,6 +189,16 @@ pub(crate) struct Inner {
     cleanups: Mutex<Vec<JoinHandle<()>>>,
 }
 
+/// A session handle that does not keep the session (and its keepalive) alive.
+#[derive(Clone)]
+pub(crate) struct WeakSession(std::sync::Weak<Inner>);
+
+impl WeakSession {
+    pub(crate) fn upgrade(&self) -> Option<Session> {
+        self.0.upgrade().map(|inner| Session { inner })
+    }
+}
+
 impl Drop for Inner {
     fn drop(&mut self) {
         // Dropping the last handle stops the keepalive; the lease then expires by its TTL.
@@ -316,14 +326,19 @@ impl Session {
 
     /// A cloneable signal that fires when the session is lost or closed.
     pub fn loss_signal(&self) -> LossSignal {
-        LossSignal::new(Arc::clone(&self.inner.liveness), None)
+        LossSignal::new(Arc::clone(&self.inner.liveness), None, None)
+    }
+
+    pub(crate) fn downgrade(&self) -> WeakSession {
+        WeakSession(Arc::downgrade(&self.inner))
     }
 
     pub(crate) fn loss_signal_with(
         &self,
         entry: Option<tokio::sync::watch::Receiver<bool>>,
+        fenced: Option<tokio::sync::watch::Receiver<Option<u64>>>,
     ) -> LossSignal {
-        LossSignal::new(Arc::clone(&self.inner.liveness), entry)
+        LossSignal::new(Arc::clone(&self.inner.liveness), entry, fenced)
     }
 
     /// Waits for background cleanups (entries of cancelled or failed acquisitions, dropped

@@ -91,6 +91,13 @@ pub struct HoldArgs {
     /// palisade either way.
     #[arg(long, alias = "reacquire")]
     pub recampaign: bool,
+    /// Before CMD starts, send a fence request (`x-fencing-fence: 1`, POST, the new token) to
+    /// this URL of a guarded route (`http://` only), so that the previous owner is refused
+    /// from then on, even before CMD writes anything. Repeatable. CMD starts only when every
+    /// fence was admitted (204): a stale fence means a newer owner exists, and palisade lets
+    /// go; any other answer, or none within 5 s, stops palisade before CMD runs.
+    #[arg(long = "fence", value_name = "URL", value_parser = parse_fence_url)]
+    pub fence: Vec<http::Uri>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, num_args = 1..)]
     pub command: Vec<OsString>,
@@ -111,6 +118,64 @@ pub enum Hold {
         /// The candidate's value (what observers and `leader()` see).
         value: Option<String>,
     },
+}
+
+fn parse_fence_url(s: &str) -> Result<http::Uri, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.authority()) {
+        (Some("http"), Some(_)) => Ok(uri),
+        (Some("https"), _) => {
+            Err("https is not supported here yet: fence through an http:// listener".to_owned())
+        }
+        _ => Err("must be an absolute http:// URL".to_owned()),
+    }
+}
+
+/// Bound on one fence request's answer.
+const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Sends the fence requests of `--fence`, in order: `Ok` once every one was admitted; the
+/// round to end with otherwise (said on stderr).
+async fn fence_all(args: &HoldArgs, token: FencingToken) -> Result<(), Round> {
+    use crate::transport::FenceError;
+    if args.fence.is_empty() {
+        return Ok(());
+    }
+    let mut client =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http::<http_body_util::Empty<bytes::Bytes>>();
+    for url in &args.fence {
+        let req = crate::transport::fence_request(http::Method::POST, url.clone(), token);
+        let answer =
+            tokio::time::timeout(FENCE_TIMEOUT, crate::transport::fence(&mut client, req)).await;
+        match answer {
+            Ok(Ok(mark)) => {
+                tracing::info!(name = %args.name, %token, %url, mark, "fenced the previous owner");
+            }
+            Ok(Err(FenceError::Fenced(f))) => {
+                eprintln!(
+                    "palisade: {}: fence at {url} refused: the resource's mark {} is above                      token {token}; a newer owner exists, the command is not started",
+                    args.name, f.mark
+                );
+                return Err(Round::Lost(EXIT_FAILED));
+            }
+            Ok(Err(e)) => {
+                eprintln!(
+                    "palisade: {}: fence at {url}: {e}; the command is not started",
+                    args.name
+                );
+                return Err(Round::Failed(EXIT_FAILED));
+            }
+            Err(_) => {
+                eprintln!(
+                    "palisade: {}: fence at {url}: no answer within {FENCE_TIMEOUT:?}; the                      command is not started",
+                    args.name
+                );
+                return Err(Round::Failed(EXIT_FAILED));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -368,6 +433,9 @@ async fn supervise(
             args.name
         );
         return Round::Lost(EXIT_FAILED);
+    }
+    if let Err(round) = fence_all(args, token).await {
+        return round;
     }
     let (mut watchdog, pipe, group) = match start_watchdog().await {
         Ok(w) => w,

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::Error;
+use crate::owner::Owner;
 use crate::provider::{EventKind, KeyRange, Op, Txn};
 use crate::session::{Claim, Incarnation, LossSignal, Session, SessionState};
 use crate::token::FencingToken;
@@ -14,6 +15,8 @@ pub(crate) struct Grant {
     pub(crate) name: String,
     pub(crate) incarnation: Incarnation,
     pub(crate) token: FencingToken,
+    /// The token as resources see it, with their fenced feedback.
+    pub(crate) owner: Owner,
     released: AtomicBool,
     claim: std::sync::Mutex<Option<Claim>>,
     /// A key an unanswered put may still recreate once the entry is let go (see
@@ -34,11 +37,27 @@ impl Grant {
         claim: Option<Claim>,
         look_again: Option<String>,
     ) -> Self {
+        let owner = {
+            // Weak: an `Owner` kept in a client layer must not keep the session alive.
+            let weak = session.downgrade();
+            let entry = incarnation.clone();
+            Owner::new(name.clone(), token, move || {
+                let Some(session) = weak.upgrade() else {
+                    return;
+                };
+                if session.state() != SessionState::Alive {
+                    return; // the entry goes with the lease
+                }
+                let (s, entry) = (session.clone(), entry.clone());
+                session.spawn_cleanup(async move { s.release_while_alive(&entry).await });
+            })
+        };
         Self {
             session,
             name,
             incarnation,
             token,
+            owner,
             released: AtomicBool::new(false),
             claim: std::sync::Mutex::new(claim),
             look_again,
@@ -69,7 +88,8 @@ impl Grant {
                 .0
                 .clone()
         });
-        self.session.loss_signal_with(entry)
+        self.session
+            .loss_signal_with(entry, Some(self.owner.subscribe()))
     }
 
     fn stop_watching(&self) {

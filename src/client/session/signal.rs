@@ -19,16 +19,23 @@ pub enum Loss {
     /// by a `Session::release` of that incarnation, or by a session resumed on the same
     /// lease): the grant no longer owns anything.
     EntryDeleted,
+    /// A resource refused the grant's token below `mark` ([`crate::owner::Owner::fenced`]):
+    /// a newer owner exists.
+    Fenced {
+        /// The mark that refused the token.
+        mark: u64,
+    },
 }
 
 /// Fires when ownership ends: the session is lost or closed, or (for a grant's signal) the
-/// grant's queue entry disappears. Best effort and possibly late; the fencing token checked
+/// grant's queue entry disappears or a resource refused its token as stale. Best effort and possibly late; the fencing token checked
 /// at the resource is what keeps data safe.
 #[derive(Clone)]
 pub struct LossSignal {
     liveness: Arc<Liveness>,
     session: watch::Receiver<SessionState>,
     entry: Option<watch::Receiver<bool>>,
+    fenced: Option<watch::Receiver<Option<u64>>>,
 }
 
 impl std::fmt::Debug for LossSignal {
@@ -40,11 +47,16 @@ impl std::fmt::Debug for LossSignal {
 }
 
 impl LossSignal {
-    pub(crate) fn new(liveness: Arc<Liveness>, entry: Option<watch::Receiver<bool>>) -> Self {
+    pub(crate) fn new(
+        liveness: Arc<Liveness>,
+        entry: Option<watch::Receiver<bool>>,
+        fenced: Option<watch::Receiver<Option<u64>>>,
+    ) -> Self {
         Self {
             session: liveness.subscribe(),
             liveness,
             entry,
+            fenced,
         }
     }
 
@@ -54,7 +66,14 @@ impl LossSignal {
             liveness,
             session,
             entry,
+            fenced,
         } = self;
+        let refused = async {
+            match fenced {
+                Some(rx) => crate::owner::fenced(rx).await,
+                None => std::future::pending().await,
+            }
+        };
         let session_ended = async {
             match session.wait_for(|s| *s != SessionState::Alive).await {
                 Ok(s) if *s == SessionState::Closed => Loss::SessionClosed,
@@ -73,8 +92,10 @@ impl LossSignal {
         };
         // Biased: when both ended, the session's end is the better explanation (an entry
         // watcher marks the session lost before it reports a deletion caused by that).
+        // A refusal is proof of a newer owner, the most precise explanation there is.
         tokio::select! {
             biased;
+            mark = refused => Loss::Fenced { mark },
             loss = session_ended => loss,
             () = entry_deleted => match liveness.state() {
                 SessionState::Alive => Loss::EntryDeleted,
@@ -89,5 +110,6 @@ impl LossSignal {
     pub fn is_lost(&self) -> bool {
         self.liveness.state() != SessionState::Alive
             || self.entry.as_ref().is_some_and(|e| *e.borrow())
+            || self.fenced.as_ref().is_some_and(|f| f.borrow().is_some())
     }
 }

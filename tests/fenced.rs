@@ -1,0 +1,380 @@
+//! The loop between the three parties: owners on real etcd, the proxy in front of a recording
+//! upstream. A fence request moves the mark before the new owner writes (`palisade lock
+//! --fence`), and an owner refused as stale is told at once (its loss signal, `lead`'s work).
+
+#[path = "support/etcd.rs"]
+mod etcd;
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use palisade::provider::etcd::EtcdProvider;
+use palisade::session::Loss;
+use palisade::transport::{self, StampError, StampLayer};
+use palisade::{Error, LockService, Provider, Session, SessionOptions};
+use support::{h2c_client, http1_client, post};
+use tower::{Layer, ServiceExt};
+
+const BIN: &str = env!("CARGO_BIN_EXE_palisade");
+
+const CONFIG: &str = r#"
+[proxy]
+listen = "127.0.0.1:0"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[marks]
+store = "file"
+path = "{marks}"
+
+[[upstream]]
+name = "legacy"
+url = "http://{upstream}"
+
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+resource = "orders"
+
+[[route]]
+name = "stock"
+upstream = "legacy"
+path_prefix = "/stock"
+resource = "stock"
+"#;
+
+struct Env {
+    up: support::Upstream,
+    proxy: support::Proxy,
+    dir: tempfile::TempDir,
+    etcd: etcd::Etcd,
+}
+
+async fn env() -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let text = support::render(CONFIG, up.addr, &dir.path().join("marks.db"));
+    std::fs::write(dir.path().join("palisade.toml"), &text).unwrap();
+    let proxy = support::proxy(&text, dir.path()).await;
+    let etcd = etcd::Etcd::single().await;
+    Env {
+        up,
+        proxy,
+        dir,
+        etcd,
+    }
+}
+
+async fn session(e: &Env) -> Session {
+    let client = e.etcd.client().await;
+    EtcdProvider::new(&client)
+        .session(SessionOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .unwrap()
+}
+
+/// `palisade lock NAME --fence URL -- sh -c SCRIPT` against `e`'s etcd.
+fn lock_cmd(e: &Env, fence: &str, script: &str) -> std::process::Command {
+    let mut c = std::process::Command::new(BIN);
+    c.args(["lock", "--endpoints", &e.etcd.endpoint(), "--fence", fence])
+        .args(["orders", "--", "sh", "-c", script])
+        .env("PALISADE", BIN)
+        .env("CFG", e.dir.path().join("palisade.toml"))
+        .env("D", e.dir.path())
+        .stdin(std::process::Stdio::null());
+    c
+}
+
+/// `palisade lock --fence` fences before the command starts: the mark is the new token, durable,
+/// when the command reads the store, and the fence never reached the upstream. A stale fence
+/// (a newer owner moved the mark) or a fence nobody answers: the command never starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_with_fence_starts_the_command_only_after_the_fence_was_admitted() {
+    let e = env().await;
+    let url = e.proxy.url("/orders/1");
+    let out = lock_cmd(
+        &e,
+        &url,
+        r#"echo "$PALISADE_FENCING_TOKEN" > "$D/token"; "$PALISADE" marks list --config "$CFG" > "$D/marks""#,
+    )
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token: u64 = std::fs::read_to_string(e.dir.path().join("token"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let marks = std::fs::read_to_string(e.dir.path().join("marks")).unwrap();
+    assert!(
+        marks
+            .lines()
+            .any(|l| l.split_whitespace().eq(["orders", &token.to_string()])),
+        "the mark was the new token when the command ran: {marks}"
+    );
+    assert_eq!(e.up.log.len(), 0, "the fence never reached the upstream");
+    // `elect` fences the same way, with its term's (higher) token.
+    let mut elect = lock_cmd(&e, &url, r#"echo "$PALISADE_FENCING_TOKEN" > "$D/term""#);
+    let args: Vec<_> = elect.get_args().map(ToOwned::to_owned).collect();
+    let mut elect_args = args.clone();
+    elect_args[0] = "elect".into();
+    elect = std::process::Command::new(BIN);
+    elect
+        .args(&elect_args)
+        .env("D", e.dir.path())
+        .stdin(std::process::Stdio::null());
+    let out = elect.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let term: u64 = std::fs::read_to_string(e.dir.path().join("term"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(term > token);
+    assert_eq!(e.proxy.marks().await["orders"], term);
+    assert_eq!(e.up.log.len(), 0);
+
+    // A newer owner's token (far above any this etcd issues soon) moved the mark: the next
+    // holder's fence is stale, and its command does not run.
+    assert_eq!(post(&url, Some("1000000")).await.status, StatusCode::OK);
+    let out = lock_cmd(&e, &url, r#"touch "$D/ran""#).output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("newer owner"), "{stderr}");
+    assert!(
+        !e.dir.path().join("ran").exists(),
+        "the command ran after a stale fence"
+    );
+
+    // Nothing listens there: no answer, no command.
+    let out = lock_cmd(&e, "http://127.0.0.1:1/orders", r#"touch "$D/ran""#)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(!e.dir.path().join("ran").exists());
+    // An https URL is refused when the arguments are read.
+    let out = lock_cmd(&e, "https://example.invalid/x", "true")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("https"));
+}
+
+/// A lock holder writing through [`StampLayer`]: the write refused as stale is returned as
+/// `Fenced`, and by the time that one request returns, the grant's loss signal has fired
+/// with `Loss::Fenced`. Over HTTP/1.1 and h2c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_refused_as_stale_loses_its_grant_within_that_request() {
+    let e = env().await;
+    for (client, path) in [(http1_client(), "/orders/1"), (h2c_client(), "/stock/1")] {
+        let url = e.proxy.url(path);
+        let s = session(&e).await;
+        let grant = s.lock("orders").await.unwrap();
+        let svc = StampLayer::new(grant.owner()).layer(client.clone());
+        let write = || {
+            let req = Request::post(url.as_str())
+                .body(Full::new(Bytes::from_static(b"w")))
+                .unwrap();
+            svc.clone().oneshot(req)
+        };
+        let resp = write().await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(!grant.loss_signal().is_lost());
+        // A newer owner wrote with a higher token.
+        let newer = grant.token().get() + 1000;
+        assert_eq!(
+            post(&url, Some(&newer.to_string())).await.status,
+            StatusCode::OK
+        );
+        match write().await {
+            Err(StampError::Fenced(f)) => assert_eq!(f.mark, newer),
+            other => panic!("{:?}", other.map(|r| r.status())),
+        }
+        assert!(grant.loss_signal().is_lost(), "lost within the request");
+        assert_eq!(
+            grant.loss_signal().wait().await,
+            Loss::Fenced { mark: newer }
+        );
+        assert_eq!(grant.owner().fenced_by(), Some(newer));
+        // The grant let go of its queue entry: the lock is free for the next owner.
+        let other = session(&e).await;
+        let next = tokio::time::timeout(Duration::from_secs(5), other.lock("orders"))
+            .await
+            .expect("the fenced holder's entry is let go")
+            .unwrap();
+        assert!(next.token() > grant.token());
+        next.unlock().await.unwrap();
+        other.close().await.unwrap();
+        s.close().await.unwrap();
+    }
+    // A 409 of the upstream's own, without a mark, is not a fence.
+    assert!(transport::fenced_parts(StatusCode::CONFLICT, &http::HeaderMap::new()).is_none());
+}
+
+/// `lead(..)`'s work is cancelled (dropped) as soon as a resource refuses its term's token,
+/// and `lead` says `Error::Fenced`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lead_work_is_cancelled_when_a_write_is_refused() {
+    let e = env().await;
+    let url = e.proxy.url("/orders/1");
+    let s = session(&e).await;
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = std::sync::Arc::clone(&dropped);
+    let (raised_tx, raised_rx) = tokio::sync::oneshot::channel::<u64>();
+    let raise = {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let mark = raised_rx.await.unwrap();
+            assert_eq!(
+                post(&url, Some(&mark.to_string())).await.status,
+                StatusCode::OK
+            );
+        })
+    };
+    let led = s
+        .lead("writer", "me", |ctx| async move {
+            struct Dropped(std::sync::Arc<std::sync::atomic::AtomicBool>);
+            impl Drop for Dropped {
+                fn drop(&mut self) {
+                    self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            let _d = Dropped(flag);
+            let svc = StampLayer::new(ctx.owner.clone()).layer(http1_client());
+            let mut raised = Some(raised_tx);
+            loop {
+                let req = Request::post(url.as_str())
+                    .body(Full::new(Bytes::from_static(b"w")))
+                    .unwrap();
+                // Every write either passes or is refused; the refusal cancels this work
+                // before the loop goes on.
+                let _ = svc.clone().oneshot(req).await;
+                if let Some(tx) = raised.take() {
+                    tx.send(ctx.token.get() + 1000).unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    raise.await.unwrap();
+    match led {
+        Err(Error::Fenced { name, mark }) => {
+            assert_eq!(name, "writer");
+            assert!(mark > 1000);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "the work was dropped"
+    );
+    s.close().await.unwrap();
+}
+
+/// gRPC: a tonic channel behind [`StampLayer`] gets the refusal as ABORTED with the mark
+/// (`transport::grpc::fenced_status`), and the owner is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_holder_refused_as_stale_is_told_and_sees_aborted_with_the_mark() {
+    use palisade::transport::grpc::fenced_status;
+    let e = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::grpc::upstream().await;
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         [marks]\nstore = \"file\"\npath = \"{}\"\n[[upstream]]\nname = \"u\"\n\
+         url = \"http://{}\"\nprotocol = \"h2c\"\n[[route]]\nname = \"g\"\n\
+         upstream = \"u\"\npath_prefix = \"/\"\nresource = \"orders\"\n",
+        dir.path().join("marks.db").display(),
+        up.addr
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let client = e.client().await;
+    let s = EtcdProvider::new(&client)
+        .session(SessionOptions::new().with_ttl(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let grant = s.lock("orders").await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let echo = tonic::client::Grpc::new(StampLayer::new(grant.owner()).layer(channel));
+    let say = |text: &str| {
+        let req = tonic::Request::new(support::grpc::Msg {
+            text: text.to_owned(),
+            n: 0,
+        });
+        let mut echo = echo.clone();
+        async move {
+            echo.ready()
+                .await
+                .map_err(|e| tonic::Status::from_error(e.into()))?;
+            echo.unary::<_, support::grpc::Msg, _>(
+                req,
+                http::uri::PathAndQuery::from_static(support::grpc::SAY),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await
+        }
+    };
+    say("a").await.unwrap();
+    let newer = grant.token().get() + 1000;
+    let mut plain = support::grpc::EchoClient::connect(proxy.addr).await;
+    plain.say("b", Some(&newer.to_string())).await.unwrap();
+    let refused = say("zombie").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Aborted);
+    assert_eq!(fenced_status(&refused).map(|f| f.mark), Some(newer));
+    assert!(grant.loss_signal().is_lost());
+    assert_eq!(
+        grant.loss_signal().wait().await,
+        Loss::Fenced { mark: newer }
+    );
+    // A gRPC fence through the channel helper: stale now.
+    let req = transport::grpc::fence_request::<tonic::body::Body>(
+        "http",
+        &proxy.addr.to_string(),
+        support::grpc::SAY,
+        grant.token(),
+    )
+    .unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut ch = channel.clone();
+    match transport::fence(&mut ch, req).await {
+        Err(transport::FenceError::Fenced(f)) => assert_eq!(f.mark, newer),
+        other => panic!("{other:?}"),
+    }
+    let fresh = palisade::FencingToken::new(newer + 1).unwrap();
+    let req = transport::grpc::fence_request::<tonic::body::Body>(
+        "http",
+        &proxy.addr.to_string(),
+        support::grpc::SAY,
+        fresh,
+    )
+    .unwrap();
+    let mut ch = channel;
+    assert_eq!(transport::fence(&mut ch, req).await.unwrap(), newer + 1);
+    assert_eq!(
+        up.log.len(),
+        2,
+        "only the two admitted calls reached the upstream"
+    );
+    s.close().await.unwrap();
+}
