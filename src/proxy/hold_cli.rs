@@ -10,6 +10,9 @@
 //!   `PALISADE_KEY` / `PALISADE_KEY_REVISION` (the queue entry and its create revision: the
 //!   compare `c("KEY") = "REV"` in an `etcdctl txn` commits only while the lock is held, see
 //!   [`crate::fenced_txn`]).
+//! - With `--fence URL` (repeatable), a fence request with the new token goes to each URL
+//!   first (see [`crate::transport::fence`]): CMD starts only once every one was admitted, so
+//!   the previous owner is refused before CMD does anything.
 //! - CMD runs in its own process group. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
 //!   palisade are forwarded to that group (so `sh -c 'a | b'` gets them whole, as from a
 //!   terminal). A CMD that reads the terminal is stopped by SIGTTIN: use it for jobs, not
