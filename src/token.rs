@@ -162,6 +162,9 @@ pub(crate) fn from_values<'a>(
     FencingToken::parse(first).map(Some)
 }
 
+/// The header on a refusal (409, 503) and on an admitted fence that tells the resource's mark.
+pub const MARK_HEADER: &str = "x-fencing-mark";
+
 /// The header that makes a request on a guarded route a **fence request**: admitted like any
 /// request (an advance is persisted and older requests drained), then answered `204` (gRPC:
 /// OK) with the mark, never forwarded. A new owner sends one before anything else, so that

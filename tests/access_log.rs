@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::{Method, StatusCode};
 use serde_json::Value;
-use support::{get, h2c_client, metric, post, send};
+use support::{get, h2c_client, http1_client, metric, post, send};
 use tokio::io::AsyncWriteExt;
 
 const CONFIG: &str = r#"
@@ -96,6 +96,9 @@ async fn json_lines_name_route_status_outcome_token_mark_and_upstream() {
     );
     let h2 = send(&h2c_client(), Method::GET, &proxy.url("/reads/x"), &[], b"").await;
     assert_eq!(h2.status, StatusCode::OK);
+    let fence = [("x-fencing-token", &b"60"[..]), ("x-fencing-fence", b"1")];
+    let fenced = send(&http1_client(), Method::POST, &orders, &fence, b"").await;
+    assert_eq!(fenced.status, StatusCode::NO_CONTENT);
     proxy.shutdown().await; // flushes the log
 
     let got: Vec<Value> = lines(&dir.path().join("access.log"))
@@ -137,6 +140,7 @@ async fn json_lines_name_route_status_outcome_token_mark_and_upstream() {
                 Some("nowhere")
             ),
             ("GET", Some("reads"), 200, "passthrough", None, None, legacy),
+            ("POST", orders, 204, "fence", Some(60), Some(60), None),
         ]
     );
     assert_eq!(got[0]["path"], "/orders/1");

@@ -362,4 +362,8 @@ async fn a_fence_request_is_answered_by_the_layer_and_never_reaches_the_service(
         0,
         "the service never ran"
     );
+    // The same request without the fence header reaches the service.
+    let (resp, _) = call("/r/orders/1", &[("x-fencing-token", "61")]).await;
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
 }

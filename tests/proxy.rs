@@ -1226,7 +1226,6 @@ async fn entities_beyond_max_cached_are_evicted_and_beyond_max_marks_refused() {
     proxy.shutdown().await;
 }
 
-// Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
 /// A fence request (`x-fencing-fence: 1`) is judged like any request and answered 204 with
 /// the mark, over HTTP/1.1 and h2c; the upstream never sees it. Once the new owner fenced,
 /// its predecessor is refused before the new owner wrote anything. Stale, malformed,
@@ -1255,11 +1254,11 @@ async fn a_fence_request_moves_the_mark_and_never_reaches_the_upstream() {
             got.headers
         );
         assert!(got.body.is_empty());
-        // Persisted before the answer, as an advance always is.
-        assert_eq!(
-            e.proxy.marks().await["orders"],
-            token.parse::<u64>().unwrap()
-        );
+        // Persisted before the answer, as an advance always is: read from the store itself.
+        let stored = palisade::marks::file::read(&e.dir.path().join("marks/marks.json"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(stored["orders"], token.parse::<u64>().unwrap());
     }
     assert_eq!(e.up.log.len(), 1, "no fence reached the upstream");
     // The old owner is refused before the new owner's first write.
@@ -1363,6 +1362,7 @@ async fn a_grpc_fence_is_ok_and_refusals_carry_the_mark() {
     );
 }
 
+// Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
     stale_token_is_rejected_with_409_and_never_reaches_upstream,
     a_fence_request_moves_the_mark_and_never_reaches_the_upstream,

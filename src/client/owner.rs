@@ -68,7 +68,9 @@ impl Owner {
 
     /// A resource refused this owner's token below `mark`: ownership is over. The grant's
     /// loss signal fires, `lead` cancels its work, and the grant's queue entry is let go in
-    /// the background. `false` (and nothing changes) when `mark` is not above the token (no
+    /// the background (a later `unlock`/`resign` of the grant then says
+    /// [`Error::LostBeforeRelease`](crate::error::Error::LostBeforeRelease): ownership had
+    /// ended before it). `false` (and nothing changes) when `mark` is not above the token (no
     /// newer owner is proven), or when the owner was already fenced.
     pub fn fenced(&self, mark: u64) -> bool {
         if mark <= self.inner.token.get() {

@@ -29,8 +29,7 @@ pub fn read_headers(headers: &HeaderMap) -> Result<Option<FencingToken>, TokenEr
     token::from_headers(headers, &HEADER)
 }
 
-/// The header on a refusal (and on an admitted fence) that tells the mark.
-pub const MARK_HEADER: &str = "x-fencing-mark";
+pub use crate::token::MARK_HEADER;
 
 /// A resource's proof that a newer owner exists: it refused the token as stale, below
 /// `mark` (palisade's 409, or gRPC ABORTED, with `x-fencing-mark`).
@@ -131,7 +130,9 @@ pub fn fence_answer<E>(
 /// of the answer is not read: a fence's answer has none.
 ///
 /// # Errors
-/// See [`fence_answer`]; [`FenceError::Send`] when the service failed.
+/// See [`fence_answer`]; also [`FenceError::Fenced`] when the fence was admitted but the mark
+/// it reports is already above the request's token (a newer owner came in between);
+/// [`FenceError::Send`] when the service failed.
 pub async fn fence<S, B, RB>(
     service: &mut S,
     request: http::Request<B>,
@@ -139,11 +140,18 @@ pub async fn fence<S, B, RB>(
 where
     S: tower_service::Service<http::Request<B>, Response = http::Response<RB>>,
 {
+    let token = read_headers(request.headers()).ok().flatten();
     std::future::poll_fn(|cx| service.poll_ready(cx))
         .await
         .map_err(FenceError::Send)?;
     let resp = service.call(request).await.map_err(FenceError::Send)?;
-    fence_answer(resp.status(), resp.headers())
+    let mark = fence_answer(resp.status(), resp.headers())?;
+    // Admitted, but a newer owner advanced the mark before the answer was written: this
+    // owner is fenced all the same.
+    match token {
+        Some(t) if mark > t.get() => Err(FenceError::Fenced(Fenced { mark })),
+        _ => Ok(mark),
+    }
 }
 
 /// A tower layer for an owner's HTTP (or gRPC) client: stamps the owner's token on every
@@ -184,9 +192,10 @@ pub struct Stamped<S> {
 /// What a [`Stamped`] service fails with.
 #[derive(Debug, thiserror::Error)]
 pub enum StampError<E> {
-    /// A resource refused the owner's token as stale; the owner was told.
-    #[error(transparent)]
-    Fenced(Fenced),
+    /// A resource refused the owner's token as stale; the owner was told. (The `Fenced` is
+    /// also the error's source, where [`grpc::fenced_status`] finds it behind a `Status`.)
+    #[error("{0}")]
+    Fenced(#[source] Fenced),
     /// The inner service failed.
     #[error(transparent)]
     Service(E),
@@ -216,7 +225,8 @@ where
         let owner = self.owner.clone();
         Box::pin(async move {
             let resp = call.await.map_err(StampError::Service)?;
-            if let Some(f) = fenced_response(&resp) {
+            // A refusal whose mark is not above the token proves nothing: passed on as it is.
+            if let Some(f) = fenced_response(&resp).filter(|f| f.mark > owner.token().get()) {
                 owner.fenced(f.mark);
                 if !resp.headers().contains_key("grpc-status") {
                     return Err(StampError::Fenced(f));
@@ -328,12 +338,66 @@ pub mod grpc {
             assert_eq!(read_metadata(&m), Err(TokenError::LeadingZero));
             assert_eq!(read_metadata(&MetadataMap::new()), Ok(None));
         }
+
+        #[test]
+        fn a_stamped_services_fenced_error_is_found_behind_a_status() {
+            let err = StampError::<std::io::Error>::Fenced(Fenced { mark: 7 });
+            let status = tonic::Status::from_error(Box::new(err));
+            assert_eq!(fenced_status(&status), Some(Fenced { mark: 7 }));
+            assert_eq!(fenced_status(&tonic::Status::aborted("no mark")), None);
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn answering(
+        status: http::StatusCode,
+        mark: &'static str,
+    ) -> impl tower_service::Service<
+        http::Request<()>,
+        Response = http::Response<()>,
+        Error = std::convert::Infallible,
+        Future = std::future::Ready<Result<http::Response<()>, std::convert::Infallible>>,
+    > + Clone {
+        tower::service_fn(move |_: http::Request<()>| {
+            let mut r = http::Response::new(());
+            *r.status_mut() = status;
+            r.headers_mut()
+                .insert(MARK_HEADER, http::HeaderValue::from_static(mark));
+            std::future::ready(Ok(r))
+        })
+    }
+
+    #[tokio::test]
+    async fn a_fence_is_admitted_only_at_its_own_token() {
+        let t = |v| FencingToken::new(v).unwrap();
+        let req =
+            |token| fence_request::<()>(http::Method::POST, "http://x/o".parse().unwrap(), token);
+        let mut at_60 = answering(http::StatusCode::NO_CONTENT, "60");
+        assert_eq!(fence(&mut at_60, req(t(60))).await.unwrap(), 60);
+        // Admitted, but a newer owner's advance came first: fenced all the same.
+        assert!(matches!(
+            fence(&mut at_60, req(t(50))).await,
+            Err(FenceError::Fenced(Fenced { mark: 60 }))
+        ));
+        let mut stale = answering(http::StatusCode::CONFLICT, "60");
+        assert!(matches!(
+            fence(&mut stale, req(t(50))).await,
+            Err(FenceError::Fenced(Fenced { mark: 60 }))
+        ));
+        // A 200 is not an admitted fence: the request went somewhere that does not fence.
+        let mut forwarded = answering(http::StatusCode::OK, "60");
+        assert!(matches!(
+            fence(&mut forwarded, req(t(60))).await,
+            Err(FenceError::Refused { .. })
+        ));
+        let r = req(t(60));
+        assert_eq!(r.headers()[token::FENCE_HEADER], "1");
+        assert_eq!(r.headers()[DEFAULT_HEADER], "60");
+    }
 
     #[test]
     fn http_round_trip() {

@@ -10,8 +10,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, CONTROLS};
 
 use crate::token::{FenceHeaderError, TokenError};
 
-/// Header on a 409 that tells the client the mark that refused it.
-pub const MARK_HEADER: &str = "x-fencing-mark";
+pub use crate::token::MARK_HEADER;
 
 /// Why a request was not forwarded, or failed after it was.
 #[derive(Debug, thiserror::Error)]

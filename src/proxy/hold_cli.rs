@@ -160,7 +160,9 @@ async fn fence_all(args: &HoldArgs, token: FencingToken) -> Result<(), Round> {
                     "palisade: {}: fence at {url} refused: the resource's mark {} is above                      token {token}; a newer owner exists, the command is not started",
                     args.name, f.mark
                 );
-                return Err(Round::Lost(EXIT_FAILED));
+                // Failed, not Lost: with --recampaign the next round waits its backoff (a
+                // mark far above this etcd's revisions would otherwise be retried at once).
+                return Err(Round::Failed(EXIT_FAILED));
             }
             Ok(Err(e)) => {
                 eprintln!(
@@ -437,8 +439,20 @@ async fn supervise(
         );
         return Round::Lost(EXIT_FAILED);
     }
-    if let Err(round) = fence_all(args, token).await {
-        return round;
+    // A stop asked while fencing ends the round before CMD starts, as one asked while
+    // waiting for the lock does.
+    tokio::select! {
+        fenced = fence_all(args, token) => if let Err(round) = fenced {
+            return round;
+        },
+        sig = signals.stop(args.recampaign) => return Round::Done(signals::exit_code(sig)),
+    }
+    if held.loss_signal().is_lost() {
+        eprintln!(
+            "palisade: {}: ownership lost while fencing; the command is not started",
+            args.name
+        );
+        return Round::Lost(EXIT_FAILED);
     }
     let (mut watchdog, pipe, group) = match start_watchdog().await {
         Ok(w) => w,

@@ -9,6 +9,7 @@ use super::SessionState;
 
 /// Why a [`LossSignal`] fired.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Loss {
     /// The session's lease is gone (expired, revoked elsewhere, or unconfirmed past its local
     /// deadline).

@@ -301,7 +301,10 @@ impl Watch {
                     if hard_stop.is_some_and(|at| now >= at) {
                         return; // the graceful shutdown took too long
                     }
-                    if hard_stop.is_some() {
+                    if let Some(at) = hard_stop {
+                        // Fired early: armed again, or the finished timer would be ready at
+                        // every poll (and the watchdog is polled first).
+                        timer.as_mut().reset(at);
                         continue;
                     }
                     match self.state.deadline(&self.limits) {
