@@ -11,7 +11,9 @@
 //!
 //! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`],
 //!   [`election`] and [`semaphore`] on etcd (feature `etcd`) or in memory ([`provider`]), each
-//!   handing out tokens, and [`transport`] to stamp them on requests. Always built. With
+//!   handing out tokens, [`owner`] (a grant's token with its fenced feedback: a resource's
+//!   stale refusal ends the ownership at once), and [`transport`] to stamp tokens on requests,
+//!   send fence requests and read refusals. Always built. With
 //!   `etcd`, `fenced_txn` makes writes to etcd itself commit only while their writer owns.
 //!   With `object-store`, [`objstore`] leads elections on an object store (S3, GCS, Azure,
 //!   in memory) with the lease record's generation as the token: no etcd needed.
@@ -82,6 +84,7 @@ pub use lock::{LockGrant, LockService};
 pub use marks::{FileStore, MarkStore, MemoryStore};
 #[cfg(feature = "fence")]
 pub use metrics::Metrics;
+pub use owner::Owner;
 pub use provider::memory::MemoryProvider;
 pub use provider::Provider;
 pub use rwlock::{Mode, RwGrant, RwLockService};

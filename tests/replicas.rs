@@ -356,6 +356,79 @@ async fn two_linearizable_replicas_never_admit_a_zombie() {
     );
 }
 
+/// Fence requests on marks in etcd, through two replicas: the new owner fences on one, and
+/// the old owner is refused on the other before the new owner wrote anything (at once when
+/// linearizable; once the watch delivered the advance when cached). The fence never reaches
+/// the upstream, and the mark in etcd is the fence's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_on_one_replica_refuses_the_old_owner_on_the_other() {
+    let etcd = etcd::Etcd::single().await;
+    let up = Recorder::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    for consistency in ["linearizable", "cached"] {
+        let resources = names(&format!("{consistency}-"), 1);
+        let r = &resources[0];
+        let prefix = format!("/fence-{consistency}/");
+        let text = replica_config(up.addr, &etcd.endpoints(), &prefix, consistency, &resources);
+        let replicas = [
+            spawn_replica(dir.path(), &format!("{consistency}-1.toml"), &text),
+            spawn_replica(dir.path(), &format!("{consistency}-2.toml"), &text),
+        ];
+        let client = http1_client();
+        let url = |p: &ProxyProcess| format!("http://{}/{r}/write", p.addr);
+        assert_eq!(
+            call(&client, &url(&replicas[1]), Some(34)).await.status,
+            200,
+            "A writes"
+        );
+        let fence = Request::builder()
+            .method(Method::POST)
+            .uri(url(&replicas[0]))
+            .header("x-fencing-token", "51")
+            .header("x-fencing-fence", "1")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = client.request(fence).await.unwrap();
+        assert_eq!(resp.status(), 204, "{consistency}: B fences");
+        assert_eq!(resp.headers()["x-fencing-mark"], "51");
+        // In etcd before the answer: the key holds 51 (8 bytes, big-endian).
+        let mut c = etcd.client().await;
+        let got = c.get(format!("{prefix}{r}"), None).await.unwrap();
+        let value = got.kvs()[0].value();
+        assert_eq!(
+            u64::from_be_bytes(value.try_into().unwrap()),
+            51,
+            "{consistency}"
+        );
+        let started = Instant::now();
+        loop {
+            let z = call(&client, &url(&replicas[1]), Some(34)).await;
+            if z.status == 409 {
+                break;
+            }
+            assert_eq!(
+                consistency, "cached",
+                "linearizable admitted the zombie once"
+            );
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{consistency}: the watch never delivered the fence's advance"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let tokens: Vec<u64> = up
+            .all()
+            .iter()
+            .filter(|a| a.path.starts_with(&format!("/{r}/")))
+            .filter_map(|a| a.token)
+            .collect();
+        assert!(
+            !tokens.contains(&51),
+            "{consistency}: the fence reached the upstream"
+        );
+    }
+}
+
 /// One request of the race of must show 2.
 #[derive(Debug, Clone, Copy)]
 struct Raced {
