@@ -379,3 +379,268 @@ async fn a_grpc_holder_refused_as_stale_is_told_and_sees_aborted_with_the_mark()
     );
     s.close().await.unwrap();
 }
+
+/// Two replicas (one on each data path) in front of one upstream, marks in etcd
+/// (linearizable), with a route fed by the lock `orders`, one fed per warehouse by
+/// `locks/warehouse/{id}`, and a gRPC route fed by `orders` too.
+fn lock_routes(
+    etcd: &etcd::Etcd,
+    http: std::net::SocketAddr,
+    grpc: std::net::SocketAddr,
+    fast: bool,
+) -> String {
+    format!(
+        r#"
+[proxy]
+listen = "127.0.0.1:0"
+http1_fast_path = {fast}
+[admin]
+listen = "127.0.0.1:0"
+[marks]
+store = "etcd"
+[marks.etcd]
+endpoints = ["{}"]
+prefix = "/marks/"
+consistency = "linearizable"
+[[upstream]]
+name = "legacy"
+url = "http://{http}"
+[[upstream]]
+name = "grpc"
+url = "http://{grpc}"
+protocol = "h2c"
+[[route]]
+name = "orders"
+upstream = "legacy"
+path_prefix = "/orders"
+resource = "orders"
+lock = "orders"
+[[route]]
+name = "stock"
+upstream = "legacy"
+path_pattern = "/warehouses/{{id}}/stock"
+resource = "warehouse/{{id}}"
+lock = "locks/warehouse/{{id}}"
+[[route]]
+name = "calls"
+upstream = "grpc"
+path_prefix = "/test.Echo/"
+resource = "orders-calls"
+lock = "orders"
+"#,
+        etcd.endpoint()
+    )
+}
+
+/// `palisade lock NAME -- sh -c 'echo $PALISADE_FENCING_TOKEN > $D/FILE; sleep 600'`: a real
+/// owner process; its token once it holds the lock.
+async fn holder(etcd: &etcd::Etcd, name: &str, dir: &std::path::Path, file: &str) -> (Holder, u64) {
+    let holder = Holder(std::process::Command::new(BIN)
+        .args(["lock", "--endpoints", &etcd.endpoint(), "--ttl", "1", name])
+        .args(["--", "sh", "-c", &format!("echo $PALISADE_FENCING_TOKEN > {}/{file}.tmp && mv {0}/{file}.tmp {0}/{file}; exec sleep 600", dir.display())])
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .unwrap());
+    let path = dir.join(file);
+    let started = std::time::Instant::now();
+    loop {
+        if let Ok(t) = std::fs::read_to_string(&path) {
+            if let Ok(t) = t.trim().parse() {
+                return (holder, t);
+            }
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{name}: no token"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A `palisade lock` process, killed (and reaped) on drop.
+struct Holder(std::process::Child);
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(child: &Holder, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([&format!("-{sig}"), &child.0.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+}
+
+/// Must show 1: owner A (a real `palisade lock` process) holds `orders` and writes; A is
+/// frozen (SIGSTOP) past its lease; B acquires and sends nothing; A's writes are refused at
+/// once, on both data paths, over gRPC, through two replicas, per entity for the templated
+/// lock. B's token passes; a token above it (never issued) is 403 and moves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_route_fences_the_old_owner_from_the_new_owners_acquisition() {
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let grpc_up = support::grpc::upstream().await;
+    let replicas: Vec<support::ProxyProcess> = [true, false]
+        .iter()
+        .map(|fast| {
+            let path = support::write(
+                dir.path(),
+                &format!("r{fast}.toml"),
+                &lock_routes(&etcd, up.addr, grpc_up.addr, *fast),
+            );
+            support::spawn_proxy(&path).unwrap_or_else(|(c, log)| panic!("{c:?}: {log}"))
+        })
+        .collect();
+    let url = |r: &support::ProxyProcess, path: &str| format!("http://{}{path}", r.addr);
+    for (lock, path) in [
+        ("orders", "/orders/1"),
+        ("locks/warehouse/7", "/warehouses/7/stock"),
+    ] {
+        let (a, ta) = holder(&etcd, lock, dir.path(), "a").await;
+        for r in &replicas {
+            assert_eq!(
+                post(&url(r, path), Some(&ta.to_string())).await.status,
+                StatusCode::OK,
+                "{lock}: A writes"
+            );
+        }
+        signal(&a, "STOP");
+        let (b, tb) = holder(&etcd, lock, dir.path(), "b").await;
+        assert!(tb > ta);
+        signal(&a, "CONT");
+        let before = up.log.len();
+        for r in &replicas {
+            let zombie = post(&url(r, path), Some(&ta.to_string())).await;
+            assert_eq!(
+                zombie.status,
+                StatusCode::CONFLICT,
+                "{lock}: A is refused before B writes"
+            );
+            assert_eq!(zombie.headers["x-fencing-mark"], tb.to_string().as_str());
+        }
+        assert_eq!(
+            up.log.len(),
+            before,
+            "{lock}: no zombie write reached the upstream"
+        );
+        // A token never issued: 403, the mark stays B's.
+        for r in &replicas {
+            let forged = post(&url(r, path), Some(&(tb + 1000).to_string())).await;
+            assert_eq!(
+                forged.status,
+                StatusCode::FORBIDDEN,
+                "{lock}: {}",
+                forged.text()
+            );
+            assert_eq!(forged.json()["error"], "unissued");
+            assert_eq!(forged.headers["x-fencing-mark"], tb.to_string().as_str());
+        }
+        for r in &replicas {
+            assert_eq!(
+                post(&url(r, path), Some(&tb.to_string())).await.status,
+                StatusCode::OK,
+                "{lock}: B writes"
+            );
+        }
+        drop(a);
+        drop(b);
+        std::fs::remove_file(dir.path().join("a")).unwrap();
+        std::fs::remove_file(dir.path().join("b")).unwrap();
+    }
+    // gRPC, fed by `orders` too: B's successor C fences everyone below it, A and B alike.
+    let (c, tc) = holder(&etcd, "orders", dir.path(), "c").await;
+    for r in &replicas {
+        let mut client = support::grpc::EchoClient::connect(r.addr).await;
+        let stale = client
+            .say("zombie", Some(&(tc - 1).to_string()))
+            .await
+            .unwrap_err();
+        assert_eq!(stale.code(), tonic::Code::Aborted);
+        assert_eq!(
+            stale.metadata().get("x-fencing-mark").unwrap(),
+            tc.to_string().as_str()
+        );
+        let forged = client
+            .say("forged", Some(&(tc + 1).to_string()))
+            .await
+            .unwrap_err();
+        assert_eq!(forged.code(), tonic::Code::PermissionDenied);
+        client.say("c", Some(&tc.to_string())).await.unwrap();
+    }
+    assert_eq!(grpc_up.log.len(), 2, "only C's calls reached the upstream");
+    for r in &replicas {
+        let m = support::get(&format!("http://{}/metrics", r.admin.unwrap()))
+            .await
+            .text();
+        for (route, n) in [("orders", 1.0), ("stock", 1.0), ("calls", 1.0)] {
+            let series =
+                format!("palisade_requests_total{{outcome=\"unissued\",route=\"{route}\"}}");
+            assert_eq!(support::metric(&m, &series), Some(n), "{series}");
+        }
+    }
+    // The marks in etcd never took the forged tokens.
+    let mut kv = etcd.client().await;
+    for key in ["/marks/orders", "/marks/warehouse/7"] {
+        let got = kv.get(key, None).await.unwrap();
+        if let Some(v) = got.kvs().first() {
+            let m = u64::from_be_bytes(v.value().try_into().unwrap());
+            assert!(m <= tc, "{key}: {m}");
+        }
+    }
+    drop(c);
+}
+
+/// An epoch key deleted behind the proxy's back (an operator's `etcdctl del`) fails closed:
+/// 503 with the reason logged, never an admission on the stored mark alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_epoch_key_fails_closed() {
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let grpc_up = support::grpc::upstream().await;
+    let path = support::write(
+        dir.path(),
+        "r.toml",
+        &lock_routes(&etcd, up.addr, grpc_up.addr, true),
+    );
+    let r = support::spawn_proxy(&path).unwrap_or_else(|(c, log)| panic!("{c:?}: {log}"));
+    let url = format!("http://{}/orders/1", r.addr);
+    // Never acquired: no owner exists, nothing is admitted.
+    assert_eq!(
+        post(&url, Some("5")).await.status,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let (a, ta) = holder(&etcd, "orders", dir.path(), "a").await;
+    assert_eq!(
+        post(&url, Some(&ta.to_string())).await.status,
+        StatusCode::OK
+    );
+    let mut kv = etcd.client().await;
+    kv.delete("/palisade/lock/orders/epoch", None)
+        .await
+        .unwrap();
+    let got = post(&url, Some(&ta.to_string())).await;
+    assert_eq!(
+        got.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        got.text()
+    );
+    assert!(
+        got.json()["message"].as_str().unwrap().contains("epoch"),
+        "{}",
+        got.text()
+    );
+    r.wait_log(
+        "the feeding lock's epoch is missing or went back; refusing the request",
+        Duration::from_secs(5),
+    );
+    assert_eq!(up.log.len(), 1);
+    drop(a);
+}

@@ -281,7 +281,7 @@ impl Session {
     }
 }
 
-pub(crate) const KIND: &str = "election";
+pub(crate) const KIND: &str = crate::session::EpochOf::Election.as_str();
 
 fn epoch_value(key: &str) -> Vec<u8> {
     format!("E:{key}").into_bytes()

@@ -98,7 +98,7 @@ impl LockGrant {
     }
 }
 
-const KIND: &str = "lock";
+const KIND: &str = crate::session::EpochOf::Lock.as_str();
 
 const EPOCH_PREFIX: &str = "L:";
 

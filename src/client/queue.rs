@@ -37,7 +37,7 @@ impl Primitive {
     }
 
     pub(crate) fn epoch(&self) -> String {
-        format!("{}/epoch", self.path)
+        crate::session::epoch_of(&self.path)
     }
 
     /// This session's entry; `sub` separates entry kinds (`r/`, `w/` for rwlocks). The key

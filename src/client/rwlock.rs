@@ -130,7 +130,7 @@ impl RwGrant {
     }
 }
 
-const KIND: &str = "rwlock";
+const KIND: &str = crate::session::EpochOf::RwLock.as_str();
 const READ_PHASE: &[u8] = b"R";
 
 const WRITER_EPOCH_PREFIX: &str = "W:";

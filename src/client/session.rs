@@ -47,7 +47,8 @@ use tokio::time::Instant;
 pub(crate) use cleanup::Claim;
 pub use cleanup::Incarnation;
 use liveness::Liveness;
-pub use naming::{MAX_NAME_BYTES, MAX_TTL};
+pub(crate) use naming::epoch_of;
+pub use naming::{epoch_key, EpochOf, MAX_NAME_BYTES, MAX_TTL};
 pub use signal::{Loss, LossSignal};
 
 use crate::election::LeaderKey;

@@ -27,7 +27,7 @@ use self::advance::{advance, learn};
 use crate::confirm::Coalescer;
 use crate::drain::{Drain, Entry, Ticket};
 use crate::guard::{Verdict, Watermark};
-use crate::marks::{Consistency, MarkStore, Marks, StoreError};
+use crate::marks::{Consistency, Epoch, MarkStore, Marks, StoreError};
 use crate::metrics::{MarkMetrics, Metrics, StoreMetrics};
 use crate::reject::StoreStep;
 use crate::token::FencingToken;
@@ -41,6 +41,9 @@ pub struct Resource {
     drain: Drain,
     /// Made on first use: only stores confirmed per admission use it.
     confirm: std::sync::OnceLock<Arc<Coalescer>>,
+    /// The highest epoch of its feeding lock read so far (0: none): an epoch read below it
+    /// went back (etcd restored from an older snapshot) and fails closed.
+    epoch_seen: std::sync::atomic::AtomicU64,
     /// Shared by the entities of one template.
     metrics: Arc<MarkMetrics>,
     /// Other names this resource answers to since a reload carried its mark over to them
@@ -101,6 +104,7 @@ impl Resource {
             advancing: tokio::sync::Mutex::new(()),
             drain,
             confirm: std::sync::OnceLock::new(),
+            epoch_seen: std::sync::atomic::AtomicU64::new(0),
             metrics,
             aliases: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
@@ -141,6 +145,15 @@ pub enum Refused {
         token: FencingToken,
         /// The limit.
         limit: u64,
+    },
+    /// Above the epoch of the lock that feeds the resource: no owner was ever given this
+    /// token (a forged or mistaken one). The mark is unchanged.
+    #[error("token {token} is above the feeding lock's epoch {epoch}: never issued")]
+    Unissued {
+        /// The refused token.
+        token: FencingToken,
+        /// The epoch key's mod revision: the current owner's token.
+        epoch: u64,
     },
     /// The store failed a step the verdict needed (the confirmation read, or making a higher
     /// token durable); the mark is unchanged.
@@ -340,12 +353,51 @@ impl Admission {
         token: FencingToken,
         drain_timeout: Duration,
     ) -> Result<(Admitted, Ticket), Refused> {
+        self.admit_confirmed(resource, token, drain_timeout, None)
+            .await
+    }
+
+    /// [`Admission::admit`] for a resource fed by a lock whose epoch key is `epoch` (a proxy
+    /// route with `lock`, `election` or `rwlock`; linearizable marks in etcd only): the
+    /// confirmation read also reads the epoch, and the effective mark is the higher of the
+    /// two. The new owner's acquisition therefore fences the old one before the new owner
+    /// sends anything; a token above the epoch was never issued ([`Refused::Unissued`]); an
+    /// epoch key that is missing, or went back, fails closed ([`StoreStep::Epoch`]).
+    ///
+    /// # Errors
+    /// As [`Admission::admit`], and [`Refused::Unissued`].
+    pub async fn admit_fed(
+        &self,
+        resource: &Arc<Resource>,
+        token: FencingToken,
+        epoch: &Arc<str>,
+        drain_timeout: Duration,
+    ) -> Result<(Admitted, Ticket), Refused> {
+        if self.store.consistency() != Consistency::Linearizable {
+            // Only linearizable stores read epochs (the configuration refuses the others).
+            return Err(Refused::Unavailable {
+                token,
+                step: StoreStep::Epoch,
+                source: StoreError::Etcd("this mark store cannot read a lock's epoch".to_owned()),
+            });
+        }
+        self.admit_confirmed(resource, token, drain_timeout, Some(epoch))
+            .await
+    }
+
+    async fn admit_confirmed(
+        &self,
+        resource: &Arc<Resource>,
+        token: FencingToken,
+        drain_timeout: Duration,
+        epoch: Option<&Arc<str>>,
+    ) -> Result<(Admitted, Ticket), Refused> {
         if self.store.consistency() == Consistency::Linearizable {
             let m = self.confirm_metrics.clone();
-            let stored = resource
+            let found = resource
                 .confirm
                 .get_or_init(Arc::default)
-                .confirm(&self.store, &resource.name, move |took, failed| {
+                .confirm(&self.store, &resource.name, epoch, move |took, failed| {
                     m.duration.observe(took.as_secs_f64());
                     if failed {
                         m.errors.inc();
@@ -357,8 +409,18 @@ impl Admission {
                     step: StoreStep::Confirm,
                     source: StoreError::Shared(e),
                 })?;
-            if stored > resource.mark() {
-                learn(Arc::clone(resource), stored).await;
+            let fed = match (found.epoch, epoch) {
+                (None, _) | (_, None) => None,
+                (Some(e), Some(key)) => Some(epoch_of(resource, e, key, token)?),
+            };
+            let effective = found.mark.max(fed.unwrap_or(0));
+            if effective > resource.mark() {
+                // The new owner's acquisition (or another replica's advance): published,
+                // and this replica's requests under older marks aborted at once.
+                learn(Arc::clone(resource), effective).await;
+            }
+            if let Some(e) = fed.filter(|e| token.get() > *e) {
+                return Err(Refused::Unissued { token, epoch: e });
             }
         }
         loop {
@@ -395,6 +457,38 @@ impl Admission {
             }
         }
     }
+}
+
+/// The epoch a confirmation read found for `resource` (fed by the lock whose epoch key is
+/// `key`): its revision, or the refusal when the key is missing or went back below an epoch
+/// read before (both fail closed: an older epoch could admit an older owner).
+fn epoch_of(
+    resource: &Resource,
+    found: Epoch,
+    key: &str,
+    token: FencingToken,
+) -> Result<u64, Refused> {
+    let unavailable = |source| Refused::Unavailable {
+        token,
+        step: StoreStep::Epoch,
+        source,
+    };
+    let Epoch::At(now) = found else {
+        return Err(unavailable(StoreError::EpochMissing {
+            key: key.to_owned(),
+        }));
+    };
+    let seen = resource
+        .epoch_seen
+        .fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+    if now < seen {
+        return Err(unavailable(StoreError::EpochRewound {
+            key: key.to_owned(),
+            seen,
+            now,
+        }));
+    }
+    Ok(now)
 }
 
 /// How long an advance may wait for the store before it is refused with 503.

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
 
-use crate::marks::{MarkStore, StoreError};
+use crate::marks::{Confirmed, MarkStore, StoreError};
 
 /// The rounds of one resource.
 #[derive(Debug, Default)]
@@ -37,16 +37,19 @@ struct State {
     running: bool,
     /// The round that the next read will serve.
     next: Option<Arc<Round>>,
+    /// The epoch key the resource's reads include (the latest caller's: a reload may change
+    /// it), for a resource fed by a lock.
+    epoch: Option<Arc<str>>,
 }
 
 #[derive(Debug, Default)]
 struct Round {
-    result: OnceLock<Result<u64, Arc<StoreError>>>,
+    result: OnceLock<Result<Confirmed, Arc<StoreError>>>,
     done: Notify,
 }
 
 impl Round {
-    async fn wait(&self) -> Result<u64, Arc<StoreError>> {
+    async fn wait(&self) -> Result<Confirmed, Arc<StoreError>> {
         loop {
             let n = self.done.notified();
             tokio::pin!(n);
@@ -60,7 +63,8 @@ impl Round {
 }
 
 impl Coalescer {
-    /// The stored mark of `resource`, from a read of `store` that starts after this call.
+    /// The stored mark of `resource` (and the epoch of `epoch`, the key of the lock that
+    /// feeds it), from a read of `store` that starts after this call.
     ///
     /// `observe` is called once per read with its duration and whether it failed (metrics).
     ///
@@ -70,10 +74,14 @@ impl Coalescer {
         self: &Arc<Self>,
         store: &Arc<dyn MarkStore>,
         resource: &Arc<str>,
+        epoch: Option<&Arc<str>>,
         observe: impl Fn(std::time::Duration, bool) + Send + Sync + 'static,
-    ) -> Result<u64, Arc<StoreError>> {
+    ) -> Result<Confirmed, Arc<StoreError>> {
         let round = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if st.epoch.as_ref() != epoch {
+                st.epoch = epoch.cloned();
+            }
             let round = Arc::clone(st.next.get_or_insert_with(Arc::default));
             if !st.running {
                 st.running = true;
@@ -97,10 +105,10 @@ async fn drive(
     observe: impl Fn(std::time::Duration, bool),
 ) {
     loop {
-        let round = {
+        let (round, epoch) = {
             let mut st = me.state.lock().unwrap_or_else(|e| e.into_inner());
             match st.next.take() {
-                Some(r) => r,
+                Some(r) => (r, st.epoch.clone()),
                 None => {
                     st.running = false;
                     return;
@@ -108,7 +116,10 @@ async fn drive(
             }
         };
         let started = std::time::Instant::now();
-        let r = store.confirm(&resource).await.map_err(Arc::new);
+        let r = store
+            .confirm(&resource, epoch.as_deref())
+            .await
+            .map_err(Arc::new);
         observe(started.elapsed(), r.is_err());
         let _ = round.result.set(r);
         round.done.notify_waiters();
@@ -143,12 +154,19 @@ mod tests {
         fn consistency(&self) -> Consistency {
             Consistency::Linearizable
         }
-        fn confirm<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        fn confirm<'a>(
+            &'a self,
+            _: &'a str,
+            _: Option<&'a str>,
+        ) -> BoxFuture<'a, Result<Confirmed, StoreError>> {
             Box::pin(async move {
                 let at_start = self.mark.load(Ordering::SeqCst);
                 self.reads.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                Ok(at_start)
+                Ok(Confirmed {
+                    mark: at_start,
+                    epoch: None,
+                })
             })
         }
     }
@@ -167,7 +185,10 @@ mod tests {
         for _ in 0..100 {
             let (c, store, name) = (c.clone(), store.clone(), name.clone());
             tasks.push(tokio::spawn(async move {
-                c.confirm(&store, &name, |_, _| {}).await.unwrap()
+                c.confirm(&store, &name, None, |_, _| {})
+                    .await
+                    .unwrap()
+                    .mark
             }));
         }
         for t in tasks {
@@ -179,11 +200,20 @@ mod tests {
         // get that (older) read's answer.
         let first = {
             let (c, store, name) = (c.clone(), store.clone(), name.clone());
-            tokio::spawn(async move { c.confirm(&store, &name, |_, _| {}).await.unwrap() })
+            tokio::spawn(async move {
+                c.confirm(&store, &name, None, |_, _| {})
+                    .await
+                    .unwrap()
+                    .mark
+            })
         };
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         slow.mark.store(2, Ordering::SeqCst);
-        let late = c.confirm(&store, &name, |_, _| {}).await.unwrap();
+        let late = c
+            .confirm(&store, &name, None, |_, _| {})
+            .await
+            .unwrap()
+            .mark;
         assert_eq!(
             first.await.unwrap(),
             1,

@@ -37,10 +37,13 @@ pub enum Outcome {
     MarksFull,
     /// A fence request (`x-fencing-fence: 1`) admitted and answered 204 / OK, not forwarded.
     Fence,
+    /// A token above the epoch of the lock that feeds the route (never issued): 403 /
+    /// PERMISSION_DENIED.
+    Unissued,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 12] = [
+    const ALL: [Outcome; 13] = [
         Outcome::Admitted,
         Outcome::Passthrough,
         Outcome::Stale,
@@ -53,6 +56,7 @@ impl Outcome {
         Outcome::TooLarge,
         Outcome::MarksFull,
         Outcome::Fence,
+        Outcome::Unissued,
     ];
 
     /// The label value.
@@ -70,6 +74,7 @@ impl Outcome {
             Outcome::TooLarge => "too_large",
             Outcome::MarksFull => "marks_full",
             Outcome::Fence => "fence",
+            Outcome::Unissued => "unissued",
         }
     }
 }
@@ -108,7 +113,7 @@ pub struct EntityMetrics {
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
 #[derive(Debug, Clone)]
-pub struct Outcomes([IntCounter; 12]);
+pub struct Outcomes([IntCounter; 13]);
 
 impl Outcomes {
     /// Counts one request under `outcome`.

@@ -56,6 +56,17 @@ pub enum Rejection {
     /// The request path is not in normal form (the proxy's path rules say why).
     #[error("request path is not in normal form: {0}")]
     BadPath(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The token is above the epoch of the lock that feeds the route: it was never issued.
+    #[error(
+        "fencing token {token} is above the current owner's token {epoch} (the epoch of the \
+         lock that feeds this route): it was never issued"
+    )]
+    Unissued {
+        /// The refused token.
+        token: u64,
+        /// The epoch: the current owner's token, and the mark.
+        epoch: u64,
+    },
     /// The token is below the resource's mark.
     #[error("fencing token {token} is below the resource's mark {mark}: a newer owner exists")]
     Stale {
@@ -112,6 +123,8 @@ pub enum StoreStep {
     },
     /// Reading the mark of a resource seen for the first time.
     Load,
+    /// Reading the epoch of the lock that feeds the resource (missing, or gone back).
+    Epoch,
 }
 
 impl std::fmt::Display for StoreStep {
@@ -126,6 +139,11 @@ impl std::fmt::Display for StoreStep {
                 "the mark store could not persist token {token} as the new mark in time; \
                  refusing rather than risking a lost mark (a write that timed out may still \
                  land later, which only raises the mark)"
+            ),
+            StoreStep::Epoch => f.write_str(
+                "the epoch of the lock that feeds this resource is missing or went back \
+                 (deleted, or etcd restored from an older snapshot); refusing rather than \
+                 judging on a mark that may be too low",
             ),
             StoreStep::Load => f.write_str(
                 "the mark store could not load this resource's mark; refusing rather than \
@@ -176,6 +194,7 @@ pub struct Context<'a> {
 const INVALID_ARGUMENT: u8 = 3;
 const DEADLINE_EXCEEDED: u8 = 4;
 const RESOURCE_EXHAUSTED: u8 = 8;
+const PERMISSION_DENIED: u8 = 7;
 const ABORTED: u8 = 10;
 const UNIMPLEMENTED: u8 = 12;
 const UNAVAILABLE: u8 = 14;
@@ -218,6 +237,7 @@ impl Rejection {
                 "method_not_allowed",
             ),
             Rejection::Stale { .. } => (StatusCode::CONFLICT, ABORTED, "stale_token"),
+            Rejection::Unissued { .. } => (StatusCode::FORBIDDEN, PERMISSION_DENIED, "unissued"),
             Rejection::StoreUnavailable { .. } => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 UNAVAILABLE,
@@ -252,6 +272,7 @@ impl Rejection {
         let message = self.to_string();
         let mark = match self {
             Rejection::Stale { mark, .. } => Some(*mark),
+            Rejection::Unissued { epoch, .. } => Some(*epoch),
             Rejection::StoreUnavailable { mark, .. } => *mark,
             _ => None,
         };

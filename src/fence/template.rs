@@ -488,6 +488,16 @@ impl ResourceTemplate {
         })
     }
 
+    /// Whether every placeholder of `self` is also one of `other`'s: filled from one request,
+    /// `self` is then a function of `other`'s name (a route's `lock` of its `resource`), so
+    /// that one entity is never fed by two primitives.
+    pub fn placeholders_within(&self, other: &ResourceTemplate) -> bool {
+        self.pieces
+            .iter()
+            .filter(|p| !matches!(p, Piece::Text(_)))
+            .all(|p| other.pieces.contains(p))
+    }
+
     /// Whether it has no placeholder: one fixed resource.
     pub fn is_fixed(&self) -> bool {
         self.pieces.iter().all(|p| matches!(p, Piece::Text(_)))

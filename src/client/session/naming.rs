@@ -65,6 +65,45 @@ pub(crate) fn path(namespace: &str, kind: &str, name: &str) -> Result<String, Er
     Ok(format!("{namespace}/{kind}/{encoded}"))
 }
 
+/// The primitives whose epoch key a resource can follow as its mark (the proxy's `lock`,
+/// `rwlock` and `election` route keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochOf {
+    /// A lock ([`crate::lock`]).
+    Lock,
+    /// A read/write lock ([`crate::rwlock`]): writers and read phases bump one epoch.
+    RwLock,
+    /// An election ([`crate::election`]).
+    Election,
+}
+
+impl EpochOf {
+    /// The kind's path segment.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            EpochOf::Lock => "lock",
+            EpochOf::RwLock => "rwlock",
+            EpochOf::Election => "election",
+        }
+    }
+}
+
+/// The epoch key of primitive `name` of `kind` in `namespace`, whose mod revision is the
+/// current owner's token (DESIGN 2): the one definition of the key layout, used by the
+/// primitives themselves and by resources that follow them (the proxy's `lock` routes).
+///
+/// # Errors
+/// [`Error::InvalidName`] or [`Error::InvalidNamespace`], as a session would refuse them.
+pub fn epoch_key(namespace: &str, kind: EpochOf, name: &str) -> Result<String, Error> {
+    check_namespace(namespace)?;
+    Ok(epoch_of(&path(namespace, kind.as_str(), name)?))
+}
+
+/// The epoch key of the primitive whose keys start with `path`.
+pub(crate) fn epoch_of(path: &str) -> String {
+    format!("{path}/epoch")
+}
+
 /// A fresh owner identity for a session: random (std's per-process random hash keys), mixed
 /// with a counter, the process id and the time, so that two sessions on one lease (a restarted
 /// instance beside its predecessor) never share one.

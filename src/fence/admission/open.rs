@@ -92,7 +92,7 @@ impl Admission {
             }));
         } else {
             for n in missing {
-                let m = self.store.confirm(&n).await?;
+                let m = self.store.confirm(&n, None).await?.mark;
                 loaded.push((n, m));
             }
         }
@@ -137,7 +137,7 @@ impl Admission {
             // the store's watch skipped that event (the name was not known yet). One more read
             // now that the resource is in the map closes the gap.
             for name in &opened {
-                let stored = self.store.confirm(name).await?;
+                let stored = self.store.confirm(name, None).await?.mark;
                 if let Some(res) = self.resource(name).filter(|r| stored > r.mark()) {
                     learn(res, stored).await;
                 }
@@ -187,7 +187,7 @@ impl Admission {
                 .copied()
                 .unwrap_or(0))
         } else {
-            self.store.confirm(name).await
+            Ok(self.store.confirm(name, None).await?.mark)
         }
     }
 

@@ -392,6 +392,14 @@ fn decide_now(
             Some(Arc::clone(resource)),
             Some(token.get()),
         )),
+        Err(Refused::Unissued { epoch, .. }) => Err((
+            Rejection::Unissued {
+                token: token.get(),
+                epoch,
+            },
+            Some(Arc::clone(resource)),
+            Some(token.get()),
+        )),
         Err(Refused::Unavailable { step, .. }) => Err((
             Rejection::StoreUnavailable {
                 step,
@@ -474,6 +482,14 @@ async fn admit(
             Rejection::Stale {
                 token: token.get(),
                 mark,
+            },
+            Some(resource),
+            Some(token.get()),
+        )),
+        Err(Refused::Unissued { epoch, .. }) => Err((
+            Rejection::Unissued {
+                token: token.get(),
+                epoch,
             },
             Some(resource),
             Some(token.get()),

@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::settings::EtcdSettings;
-use super::{BoxFuture, Consistency, MarkStore, Marks, StoreError};
+use super::{BoxFuture, Confirmed, Consistency, Epoch, MarkStore, Marks, StoreError};
 
 mod repair;
 mod watch;
@@ -378,20 +378,57 @@ impl MarkStore for EtcdStore {
         })
     }
 
-    fn confirm<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+    fn confirm<'a>(
+        &'a self,
+        resource: &'a str,
+        epoch: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Confirmed, StoreError>> {
         Box::pin(async move {
             let key = self.key(resource);
+            let Some(epoch) = epoch else {
+                let resp = self
+                    .bounded("confirm", || {
+                        let mut kv = self.inner.client.kv_client();
+                        let key = key.clone();
+                        async move { kv.get(key, None).await }
+                    })
+                    .await?;
+                let mark = match resp.kvs().first() {
+                    Some(kv) => decode(kv.key(), kv.value())?,
+                    None => 0,
+                };
+                return Ok(Confirmed { mark, epoch: None });
+            };
+            // One transaction: the mark and the epoch at one revision.
             let resp = self
                 .bounded("confirm", || {
                     let mut kv = self.inner.client.kv_client();
-                    let key = key.clone();
-                    async move { kv.get(key, None).await }
+                    let txn = Txn::new()
+                        .and_then(vec![TxnOp::get(key.clone(), None), TxnOp::get(epoch, None)]);
+                    async move { kv.txn(txn).await }
                 })
                 .await?;
-            match resp.kvs().first() {
-                Some(kv) => decode(kv.key(), kv.value()),
-                None => Ok(0),
-            }
+            let mut gets = resp.op_responses().into_iter().filter_map(|r| match r {
+                TxnOpResponse::Get(g) => Some(g),
+                _ => None,
+            });
+            let (Some(marked), Some(fed)) = (gets.next(), gets.next()) else {
+                return Err(StoreError::Etcd(
+                    "confirm: the transaction did not answer both reads".to_owned(),
+                ));
+            };
+            let mark = match marked.kvs().first() {
+                Some(kv) => decode(kv.key(), kv.value())?,
+                None => 0,
+            };
+            let epoch = match fed.kvs().first() {
+                Some(kv) => Epoch::At(u64::try_from(kv.mod_revision()).unwrap_or(0)),
+                None => Epoch::Missing,
+            };
+            Ok(Confirmed {
+                mark,
+                epoch: Some(epoch),
+            })
         })
     }
 

@@ -96,12 +96,23 @@ pub trait MarkStore: Send + Sync + 'static {
         Consistency::Local
     }
 
-    /// The stored mark of `resource` (0 when none), read so that the read starts after the
-    /// call and sees every write acknowledged before it (a linearizable read). Only called
-    /// for [`Consistency::Linearizable`] stores.
-    fn confirm<'a>(&'a self, resource: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+    /// The stored mark of `resource` (0 when none) and, for a resource fed by a lock, the
+    /// mod revision of the lock's `epoch` key, read together so that the read starts after
+    /// the call and sees every write acknowledged before it (a linearizable read). Only
+    /// called for [`Consistency::Linearizable`] stores.
+    fn confirm<'a>(
+        &'a self,
+        resource: &'a str,
+        epoch: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Confirmed, StoreError>> {
         let _ = resource;
-        Box::pin(async { Ok(0) })
+        Box::pin(async move {
+            Ok(Confirmed {
+                mark: 0,
+                // A store that cannot read epochs never vouches for one: fail closed.
+                epoch: epoch.map(|_| Epoch::Missing),
+            })
+        })
     }
 
     /// Advances made by other processes sharing the store, as `(resource, mark)`, for as long
@@ -113,6 +124,24 @@ pub trait MarkStore: Send + Sync + 'static {
     /// Whether the store can currently take writes (for `/readyz`): a real write where the
     /// store has one, its result reused briefly so that polling stays cheap.
     fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+}
+
+/// What a confirmation read found ([`MarkStore::confirm`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Confirmed {
+    /// The stored mark (0: none).
+    pub mark: u64,
+    /// The feeding primitive's epoch, for a resource that has one.
+    pub epoch: Option<Epoch>,
+}
+
+/// A lock's epoch key as a confirmation read found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Epoch {
+    /// The key does not exist: the primitive was never acquired, or the key was deleted.
+    Missing,
+    /// Its mod revision: the current owner's token.
+    At(u64),
 }
 
 /// How proxies sharing a store agree on marks (`[marks.etcd] consistency`).
@@ -201,6 +230,31 @@ pub enum StoreError {
     /// The etcd store failed (connect, request, or an unreadable value).
     #[error("etcd mark store: {0}")]
     Etcd(String),
+    /// The epoch key of the lock that feeds a resource does not exist: the lock was never
+    /// acquired, or the key was deleted. No token can be vouched for.
+    #[error(
+        "the feeding lock's epoch key {key} does not exist (never acquired, or deleted); \
+         refusing rather than judging without it"
+    )]
+    EpochMissing {
+        /// The epoch key.
+        key: String,
+    },
+    /// The epoch key's revision is below one read before: etcd was restored from an older
+    /// snapshot, or the key was deleted and written again.
+    #[error(
+        "the feeding lock's epoch key {key} went back from revision {seen} to {now} (etcd \
+         restored from an older snapshot?); refusing: an older epoch could admit an older \
+         owner"
+    )]
+    EpochRewound {
+        /// The epoch key.
+        key: String,
+        /// The highest revision read before.
+        seen: u64,
+        /// The revision read now.
+        now: u64,
+    },
     /// A failure shared by every request of one confirmation round.
     #[error(transparent)]
     Shared(std::sync::Arc<StoreError>),

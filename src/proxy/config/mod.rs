@@ -265,6 +265,9 @@ pub struct RouteSettings {
     /// `max_marks`: stored marks a templated route may hold (default 1000000); a new entity
     /// beyond it is refused (503 `marks_full`). `None` for a fixed resource.
     pub max_marks: Option<u64>,
+    /// `lock`, `election` or `rwlock` (with `lock_namespace`): the primitive whose epoch
+    /// key is also the route's mark (marks in etcd, linearizable).
+    pub epoch: Option<EpochFeed>,
     /// `guard`.
     pub guard: bool,
     /// `missing_token`.
@@ -293,6 +296,32 @@ pub struct RouteSettings {
     /// `allow_unguarded_tunnel`: accept an unguarded `websocket` route whose upstream also
     /// serves guarded routes (a warning instead of an error; see [`ConfigWarning`]).
     pub allow_unguarded_tunnel: bool,
+}
+
+/// A route's `lock`, `election` or `rwlock`: the client library's primitive whose epoch key
+/// (its mod revision is the current owner's token) feeds the route's mark. The effective
+/// mark is the highest of the stored mark and that revision; a token above the revision was
+/// never issued (403 `unissued`).
+#[derive(Debug, Clone)]
+pub struct EpochFeed {
+    /// Which kind of primitive.
+    pub kind: crate::session::EpochOf,
+    /// `lock_namespace` (default: the library's, `/palisade`).
+    pub namespace: String,
+    /// The primitive's name: fixed, or a template over placeholders of `resource`.
+    pub name: ResourceTemplate,
+    /// The epoch key of a fixed name.
+    pub fixed_key: Option<std::sync::Arc<str>>,
+}
+
+impl EpochFeed {
+    /// The epoch key of the primitive a request names (`name` filled from the same request).
+    ///
+    /// # Errors
+    /// The name is not one the client library would accept (empty, over 1024 bytes).
+    pub fn key(&self, name: &str) -> Result<String, crate::error::Error> {
+        crate::session::epoch_key(&self.namespace, self.kind, name)
+    }
 }
 
 /// Which route of a table takes a request (first match wins).

@@ -131,6 +131,10 @@ pub(super) struct Route {
     #[serde(default)]
     pub(super) allow_unguarded_tunnel: bool,
     pub(super) max_marks: Option<Spanned<u64>>,
+    pub(super) lock: Option<Spanned<String>>,
+    pub(super) election: Option<Spanned<String>>,
+    pub(super) rwlock: Option<Spanned<String>>,
+    pub(super) lock_namespace: Option<Spanned<String>>,
 }
 
 /// `[proxy] http1_fast_path` when the file does not say (see `ProxySettings::http1_fast_path`).

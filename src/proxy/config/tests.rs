@@ -303,3 +303,113 @@ fn a_route_path_with_a_query_or_fragment_is_refused() {
         assert!(message.contains("'?' or '#'"), "{message}");
     }
 }
+
+#[test]
+fn a_route_fed_by_a_lock_is_checked_against_its_store_and_resource() {
+    let etcd = |consistency: &str| {
+        format!(
+            "{BASE}[marks]\nstore = \"etcd\"\n[marks.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n\
+             consistency = \"{consistency}\"\n"
+        )
+    };
+    let with = |text: &str, keys: &str| {
+        text.replace(
+            "methods = [\"POST\"]",
+            &format!("methods = [\"POST\"]\n{keys}"),
+        )
+    };
+    let c = Config::parse(
+        &with(&etcd("linearizable"), "lock = \"locks/orders\""),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    let feed = c.routes[0].epoch.as_ref().unwrap();
+    assert_eq!(
+        feed.fixed_key.as_deref(),
+        Some("/palisade/lock/locks%2Forders/epoch")
+    );
+    let c = Config::parse(
+        &with(
+            &etcd("linearizable"),
+            "election = \"leader\"\nlock_namespace = \"/apps\"",
+        ),
+        Path::new("p.toml"),
+    )
+    .unwrap();
+    assert_eq!(
+        c.routes[0].epoch.as_ref().unwrap().fixed_key.as_deref(),
+        Some("/apps/election/leader/epoch")
+    );
+    // The key layout is the client library's own.
+    assert_eq!(
+        palisade_key(),
+        crate::session::epoch_key("/palisade", crate::session::EpochOf::Lock, "locks/orders")
+            .unwrap()
+    );
+    for (text, key, says) in [
+        (
+            with(BASE, "lock = \"orders\""),
+            "route[0].lock",
+            "store = \"etcd\"",
+        ),
+        (
+            with(&etcd("cached"), "lock = \"orders\""),
+            "route[0].lock",
+            "linearizable",
+        ),
+        (
+            with(&etcd("linearizable"), "lock = \"a\"\nrwlock = \"b\""),
+            "route[0].rwlock",
+            "set one of",
+        ),
+        (
+            with(&etcd("linearizable"), "lock_namespace = \"/x\""),
+            "route[0].lock_namespace",
+            "only used with",
+        ),
+        (
+            with(
+                &etcd("linearizable"),
+                "lock = \"a\"\nlock_namespace = \"/ns/lock/x\"",
+            ),
+            "route[0].lock_namespace",
+            "namespace",
+        ),
+        (
+            with(&etcd("linearizable"), "lock = \"a\"\nguard = false"),
+            "route[0].lock",
+            "guarded",
+        ),
+        (
+            with(&etcd("linearizable"), "lock = \"locks/{id}\""),
+            "route[0].lock",
+            "id",
+        ),
+    ] {
+        let (_, _, k, msg) = err(&text);
+        assert_eq!(k, key, "{text}: {msg}");
+        assert!(msg.contains(says), "{key}: {msg}");
+    }
+    // Templated: the lock may use the resource's placeholders only.
+    let pattern = |lock: &str| {
+        etcd("linearizable").replace(
+            "path_prefix = \"/orders\"\nmethods = [\"POST\"]",
+            &format!(
+                "path_pattern = \"/w/{{id}}/{{sku}}\"\nresource = \"warehouse/{{id}}\"\nlock = \"{lock}\""
+            ),
+        )
+    };
+    let c = Config::parse(&pattern("locks/warehouse/{id}"), Path::new("p.toml")).unwrap();
+    assert!(c.routes[0].epoch.as_ref().unwrap().fixed_key.is_none());
+    let (_, _, k, msg) = err(&pattern("locks/{sku}"));
+    assert_eq!(k, "route[0].lock");
+    assert!(msg.contains("placeholders of resource"), "{msg}");
+    // One lock for every entity (one owner writes them all) is allowed.
+    let c = Config::parse(&pattern("locks/all"), Path::new("p.toml")).unwrap();
+    assert!(c.routes[0].epoch.as_ref().unwrap().fixed_key.is_some());
+}
+
+/// What `palisade lock locks/orders` writes as its epoch key (the queue's own format).
+fn palisade_key() -> String {
+    "/palisade/lock/locks%2Forders/epoch".to_owned()
+}

@@ -62,7 +62,7 @@ impl Validator<'_> {
             let span = r.name.span().start;
             if let Some(Some(route)) = keep(
                 &mut errors,
-                self.route(i, r, &upstreams, &broken, &mut names),
+                self.route(i, r, &upstreams, &broken, &mut names, marks.as_ref()),
             ) {
                 spans.push(span);
                 indices.push(i);
@@ -228,6 +228,7 @@ impl Validator<'_> {
         upstreams: &[UpstreamSettings],
         broken: &HashSet<String>,
         names: &mut HashSet<String>,
+        marks: Option<&MarksSettings>,
     ) -> Result<Option<RouteSettings>, ConfigError> {
         let key = |k: &str| format!("route[{i}].{k}");
         let name = r.name.get_ref().clone();
@@ -366,6 +367,17 @@ impl Validator<'_> {
             Some(m) => Some(m.into_inner()),
             None => template.as_ref().map(|_| super::DEFAULT_MAX_MARKS),
         };
+        let epoch = self.epoch_feed(
+            [
+                (r.lock, crate::session::EpochOf::Lock, "lock"),
+                (r.election, crate::session::EpochOf::Election, "election"),
+                (r.rwlock, crate::session::EpochOf::RwLock, "rwlock"),
+            ],
+            r.lock_namespace,
+            (r.guard, &path, &resource, template.as_ref()),
+            marks,
+            &key,
+        )?;
         let max_token = match r.max_token {
             Some(m) if *m.get_ref() == 0 => {
                 return Err(self.at(&m, key("max_token"), "must be at least 1"))
@@ -407,6 +419,7 @@ impl Validator<'_> {
             resource,
             template,
             max_marks,
+            epoch,
             guard: r.guard,
             missing_token: r.missing_token,
             strip_token: r.strip_token,
@@ -419,6 +432,96 @@ impl Validator<'_> {
             max_body_bytes,
             websocket,
             allow_unguarded_tunnel: r.allow_unguarded_tunnel,
+        }))
+    }
+
+    /// A route's `lock`, `election` or `rwlock` and `lock_namespace` (at most one of the three).
+    #[allow(clippy::type_complexity)]
+    fn epoch_feed(
+        &self,
+        given: [(Option<Spanned<String>>, crate::session::EpochOf, &str); 3],
+        namespace: Option<Spanned<String>>,
+        (guard, path, resource, template): (bool, &PathMatch, &str, Option<&ResourceTemplate>),
+        marks: Option<&MarksSettings>,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<Option<super::EpochFeed>, ConfigError> {
+        let mut set = given
+            .into_iter()
+            .filter_map(|(v, kind, k)| v.map(|v| (v, kind, k)));
+        let Some((name, kind, k)) = set.next() else {
+            return match namespace {
+                Some(ns) => Err(self.at(
+                    &ns,
+                    key("lock_namespace"),
+                    "only used with lock, election or rwlock",
+                )),
+                None => Ok(None),
+            };
+        };
+        if let Some((other, _, k2)) = set.next() {
+            return Err(self.at(
+                &other,
+                key(k2),
+                format_args!("set one of lock, election and rwlock ({k} is set already)"),
+            ));
+        }
+        if !guard {
+            return Err(self.at(&name, key(k), "only used on a guarded route"));
+        }
+        let linearizable_etcd = matches!(
+            marks,
+            Some(MarksSettings::Etcd(e)) if e.consistency == crate::marks::Consistency::Linearizable
+        );
+        if marks.is_some() && !linearizable_etcd {
+            return Err(self.at(
+                &name,
+                key(k),
+                "needs [marks] store = \"etcd\" with consistency = \"linearizable\": the \
+                 epoch is read, with the mark, from the etcd cluster the primitive lives in \
+                 (consistency = \"cached\" is not supported with lock, election or rwlock yet)",
+            ));
+        }
+        let namespace = match namespace {
+            Some(ns) => {
+                if let Err(e) = crate::session::epoch_key(ns.get_ref(), kind, "x") {
+                    return Err(self.at(&ns, key("lock_namespace"), e));
+                }
+                ns.into_inner()
+            }
+            None => crate::session::DEFAULT_NAMESPACE.to_owned(),
+        };
+        let captures: Vec<&str> = match path {
+            PathMatch::Pattern(p) => p.names().collect(),
+            _ => Vec::new(),
+        };
+        let parsed = ResourceTemplate::parse(name.get_ref(), captures.iter().copied())
+            .map_err(|e| self.error(name.span().start + 1 + e.at, key(k), e))?;
+        let within = match template {
+            Some(t) => parsed.placeholders_within(t),
+            None => parsed.is_fixed(),
+        };
+        if !within {
+            return Err(self.at(
+                &name,
+                key(k),
+                format_args!(
+                    "may only use placeholders of resource = {resource:?}: one entity must be \
+                     fed by one primitive"
+                ),
+            ));
+        }
+        let fixed_key = if parsed.is_fixed() {
+            let k_ = crate::session::epoch_key(&namespace, kind, parsed.as_str())
+                .map_err(|e| self.at(&name, key(k), e))?;
+            Some(std::sync::Arc::from(k_))
+        } else {
+            None
+        };
+        Ok(Some(super::EpochFeed {
+            kind,
+            namespace,
+            name: parsed,
+            fixed_key,
         }))
     }
 

@@ -222,15 +222,40 @@ impl Proxy {
         // The fast path decides at once; the slow one (an advance: persist, then drain) is
         // boxed, so that its state does not grow the future of every request, which hyper
         // moves whole.
-        let decided = match self.admission.admit_now(resource, t) {
-            Some(now) => now,
-            None => Box::pin(self.admission.admit_waiting(
-                resource,
-                t,
-                route.settings.drain_timeout,
-            ))
-            .await
-            .map(|(_, ticket)| ticket),
+        let decided = match &route.settings.epoch {
+            // Fed by a lock: always confirmed, with the lock's epoch.
+            Some(feed) => {
+                let key = match &feed.fixed_key {
+                    Some(k) => Arc::clone(k),
+                    None => {
+                        let name = self.fill(route, &feed.name, headers, target, t)?;
+                        match feed.key(&name) {
+                            Ok(k) => Arc::from(k),
+                            Err(_) => {
+                                let why = crate::template::FillError::TooLong(name.len());
+                                let bad = Rejection::BadResource(why);
+                                return Err((bad, Outcome::Malformed, Some(t.get())));
+                            }
+                        }
+                    }
+                };
+                Box::pin(
+                    self.admission
+                        .admit_fed(resource, t, &key, route.settings.drain_timeout),
+                )
+                .await
+                .map(|(_, ticket)| ticket)
+            }
+            None => match self.admission.admit_now(resource, t) {
+                Some(now) => now,
+                None => Box::pin(self.admission.admit_waiting(
+                    resource,
+                    t,
+                    route.settings.drain_timeout,
+                ))
+                .await
+                .map(|(_, ticket)| ticket),
+            },
         };
         match decided {
             Ok(ticket) => Ok((Outcome::Admitted, Some(t.get()), Some(ticket))),
@@ -239,6 +264,23 @@ impl Proxy {
                 Outcome::MarksFull,
                 Some(t.get()),
             )),
+            Err(Refused::Unissued { epoch, .. }) => {
+                tracing::warn!(
+                    route = %route.settings.name,
+                    resource = %resource.name(),
+                    token = t.get(),
+                    epoch,
+                    "token above the feeding lock's epoch: never issued; refused"
+                );
+                Err((
+                    Rejection::Unissued {
+                        token: t.get(),
+                        epoch,
+                    },
+                    Outcome::Unissued,
+                    Some(t.get()),
+                ))
+            }
             Err(Refused::Stale { mark, .. }) => {
                 if let Some(c) = &route.metrics.stale {
                     c.inc();
@@ -255,6 +297,14 @@ impl Proxy {
             Err(Refused::Unavailable { source, step, .. }) => {
                 let mark = resource.mark();
                 match step {
+                    StoreStep::Epoch => tracing::error!(
+                        route = %route.settings.name,
+                        resource = %resource.name(),
+                        token = t.get(),
+                        mark,
+                        error = %source,
+                        "the feeding lock's epoch is missing or went back; refusing the request"
+                    ),
                     StoreStep::Confirm => tracing::error!(
                         route = %route.settings.name,
                         resource = %resource.name(),
@@ -295,6 +345,19 @@ impl Proxy {
         let Some(template) = &route.settings.template else {
             unreachable!("a guarded route has a resource or a template");
         };
+        self.fill(route, template, headers, target, t)
+    }
+
+    /// `template` (the route's resource, or the name of the lock that feeds it) filled from
+    /// a request.
+    fn fill(
+        &self,
+        route: &Route,
+        template: &crate::template::ResourceTemplate,
+        headers: &impl Fields,
+        target: &Target<'_>,
+        t: FencingToken,
+    ) -> Result<String, (Rejection, Outcome, Option<u64>)> {
         let captures = match &route.settings.path {
             PathMatch::Pattern(p) => p.captures(target.key).unwrap_or_default(),
             _ => Captures::default(),
