@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Load test of the mark stores: one palisade replica (guard on, token header set, the
-# equal-token path) with the file store, the etcd store in linearizable mode and in cached
-# mode, one after another in the same run, with wrk -t1 at 64 connections (CONNS to change).
+# equal-token path) with the file store, the etcd store in linearizable mode, the same with
+# the route fed by a lock (`lock = "bench-lock"`: every confirmation reads the lock's epoch
+# too, the token is the epoch's revision), and the etcd store in cached mode, one after
+# another in the same run, with wrk -t1 at 64 connections (CONNS to change).
 #
 # Method
 # - The upstream is nginx answering `200 ok` from memory (1 worker); etcd is one local node
@@ -20,7 +22,7 @@ DURATION=${DURATION:-10}
 CONNS=${CONNS:-"64"}
 
 source "benches/common.sh"
-need nginx nginx wrk wrk etcd etcd-server protoc protobuf-compiler taskset util-linux
+need nginx nginx wrk wrk etcd etcd-server etcdctl etcd-client protoc protobuf-compiler taskset util-linux
 NGINX=$(command -v nginx || echo /usr/sbin/nginx)
 
 cargo build --release --quiet --features etcd --bin palisade
@@ -57,8 +59,8 @@ metric() { # admin-port series -> value
   exec 3>&-
 }
 
-run_store() { # name marks-toml conns -> "rps p99 trips"
-  local name=$1 marks=$2 c=$3 pal adm out
+run_store() { # name marks-toml conns token route-extra -> "rps p99 trips"
+  local name=$1 marks=$2 c=$3 token=$4 extra=$5 pal adm out
   pal=$(free_port); adm=$(free_port)
   mkdir -p "$WORK/$name"
   cat >"$WORK/$name/palisade.toml" <<CONF
@@ -76,16 +78,17 @@ name = "bench"
 upstream = "legacy"
 path_prefix = "/"
 resource = "bench-$name-$c"
+$extra
 CONF
   RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/$name/palisade.toml" 2>"$WORK/$name.log" &
   local pid=$!
   wait_port "$pal"
-  "${LOAD_CPU[@]}" wrk -t1 -c"$c" -d2s -H 'x-fencing-token: 5' "http://127.0.0.1:$pal/orders/7" >/dev/null
+  "${LOAD_CPU[@]}" wrk -t1 -c"$c" -d2s -H "x-fencing-token: $token" "http://127.0.0.1:$pal/orders/7" >/dev/null
   local a0 t0 p0
   a0=$(metric "$adm" 'palisade_requests_total{outcome="admitted",route="bench"}')
   t0=$(metric "$adm" 'palisade_store_operation_duration_seconds_count{op="confirm",store="etcd"}')
   p0=$(metric "$adm" 'palisade_store_operation_duration_seconds_count{op="persist",store="etcd"}')
-  out=$("${LOAD_CPU[@]}" wrk -t1 -c"$c" -d"${DURATION}s" --latency -H 'x-fencing-token: 5' "http://127.0.0.1:$pal/orders/7")
+  out=$("${LOAD_CPU[@]}" wrk -t1 -c"$c" -d"${DURATION}s" --latency -H "x-fencing-token: $token" "http://127.0.0.1:$pal/orders/7")
   local a1 t1 p1
   a1=$(metric "$adm" 'palisade_requests_total{outcome="admitted",route="bench"}')
   t1=$(metric "$adm" 'palisade_store_operation_duration_seconds_count{op="confirm",store="etcd"}')
@@ -101,17 +104,27 @@ CONF
 FILE_MARKS=$'[marks]\nstore = "file"\npath = "marks.db"'
 etcd_marks() { printf '[marks]\nstore = "etcd"\n[marks.etcd]\nendpoints = ["http://127.0.0.1:%s"]\nprefix = "/bench/"\nconsistency = "%s"\n' "$ETCD" "$1"; }
 
+# The lock's epoch, as the client library writes it; its mod revision is the owner's token.
+ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$ETCD" put /palisade/lock/bench-lock/epoch owner >/dev/null
+EPOCH=$(ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$ETCD" get /palisade/lock/bench-lock/epoch -w json \
+  | sed -n 's/.*"mod_revision":\([0-9]*\).*/\1/p')
+
 echo "palisade mark stores: $(nproc) cores, wrk -t1, ${DURATION}s per run, one replica"
 printf "%-6s | %-14s | %12s | %9s | %s\n" conns store "rps" "p99 ms" "etcd round trips / admitted"
 for c in $CONNS; do
   declare -A RPS
-  for store in file linearizable cached; do
-    if [[ $store == file ]]; then marks=$FILE_MARKS; else marks=$(etcd_marks "$store"); fi
-    read -r rps p99 trips < <(run_store "$store" "$marks" "$c")
+  for store in file linearizable lock cached; do
+    token=5 extra=""
+    case $store in
+      file) marks=$FILE_MARKS ;;
+      lock) marks=$(etcd_marks linearizable); token=$EPOCH; extra='lock = "bench-lock"' ;;
+      *) marks=$(etcd_marks "$store") ;;
+    esac
+    read -r rps p99 trips < <(run_store "$store" "$marks" "$c" "$token" "$extra")
     RPS[$store]=$rps
     [[ $store == file ]] && trips="0 (local)"
     printf "%-6s | %-14s | %12.0f | %9.2f | %s\n" "$c" "$store" "$rps" "$p99" "$trips"
   done
-  awk -v f="${RPS[file]}" -v l="${RPS[linearizable]}" -v k="${RPS[cached]}" \
-    'BEGIN {printf "       linearizable/file %.2fx, cached/file %.2fx\n", l/f, k/f}'
+  awk -v f="${RPS[file]}" -v l="${RPS[linearizable]}" -v k="${RPS[cached]}" -v o="${RPS[lock]}" \
+    'BEGIN {printf "       linearizable/file %.2fx, cached/file %.2fx, lock/linearizable %.2fx\n", l/f, k/f, o/l}'
 done

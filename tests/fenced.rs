@@ -388,6 +388,7 @@ fn lock_routes(
     http: std::net::SocketAddr,
     grpc: std::net::SocketAddr,
     fast: bool,
+    consistency: &str,
 ) -> String {
     format!(
         r#"
@@ -401,7 +402,7 @@ store = "etcd"
 [marks.etcd]
 endpoints = ["{}"]
 prefix = "/marks/"
-consistency = "linearizable"
+consistency = "{consistency}"
 [[upstream]]
 name = "legacy"
 url = "http://{http}"
@@ -492,7 +493,7 @@ async fn a_lock_route_fences_the_old_owner_from_the_new_owners_acquisition() {
             let path = support::write(
                 dir.path(),
                 &format!("r{fast}.toml"),
-                &lock_routes(&etcd, up.addr, grpc_up.addr, *fast),
+                &lock_routes(&etcd, up.addr, grpc_up.addr, *fast, "linearizable"),
             );
             support::spawn_proxy(&path).unwrap_or_else(|(c, log)| panic!("{c:?}: {log}"))
         })
@@ -607,7 +608,7 @@ async fn a_deleted_epoch_key_fails_closed() {
     let path = support::write(
         dir.path(),
         "r.toml",
-        &lock_routes(&etcd, up.addr, grpc_up.addr, true),
+        &lock_routes(&etcd, up.addr, grpc_up.addr, true, "linearizable"),
     );
     let r = support::spawn_proxy(&path).unwrap_or_else(|(c, log)| panic!("{c:?}: {log}"));
     let url = format!("http://{}/orders/1", r.addr);
@@ -643,4 +644,145 @@ async fn a_deleted_epoch_key_fails_closed() {
     );
     assert_eq!(up.log.len(), 1);
     drop(a);
+}
+
+/// etcd restored from an older backup: the epoch key's revision goes back to the old owner's
+/// token. A replica that read the newer epoch fails closed (503, logged) instead of admitting
+/// the old owner again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_restored_from_an_older_backup_fails_closed() {
+    let mut etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let grpc_up = support::grpc::upstream().await;
+    let path = support::write(
+        dir.path(),
+        "r.toml",
+        &lock_routes(&etcd, up.addr, grpc_up.addr, true, "linearizable"),
+    );
+    let r = support::spawn_proxy(&path).unwrap_or_else(|(c, log)| panic!("{c:?}: {log}"));
+    let url = format!("http://{}/orders/1", r.addr);
+    let (a, ta) = holder(&etcd, "orders", dir.path(), "a").await;
+    assert_eq!(
+        post(&url, Some(&ta.to_string())).await.status,
+        StatusCode::OK
+    );
+    drop(a);
+    let backup = etcd.backup().await; // holds A's epoch
+    let (b, tb) = holder(&etcd, "orders", dir.path(), "b").await;
+    assert!(tb > ta);
+    let started = std::time::Instant::now();
+    while post(&url, Some(&tb.to_string())).await.status != StatusCode::OK {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "B never got through"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(b);
+    etcd.restore(backup.path()).await;
+    // The proxy reconnects; then every answer for the resource is the rewound epoch's 503.
+    let started = std::time::Instant::now();
+    loop {
+        let got = post(&url, Some(&ta.to_string())).await;
+        assert_ne!(
+            got.status,
+            StatusCode::OK,
+            "the old owner was admitted after the restore"
+        );
+        if got.status == StatusCode::SERVICE_UNAVAILABLE
+            && got.json()["message"]
+                .as_str()
+                .unwrap_or("")
+                .contains("went back")
+        {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{}",
+            got.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    r.wait_log(
+        "the feeding lock's epoch is missing or went back; refusing the request",
+        Duration::from_secs(5),
+    );
+    let seen = up.log.tokens();
+    let a_writes = seen.iter().filter(|t| **t == Some(ta.to_string())).count();
+    assert_eq!(a_writes, 1, "A wrote once, before B: {seen:?}");
+}
+
+/// `cached` mode: equal tokens are judged on the local mark, which the watch of the lock's
+/// epoch keeps. The new owner's acquisition reaches every replica with the watch, B sending
+/// nothing: the mark moves there, A's requests in flight are drained then (a request the
+/// upstream already received whole is waited for and relayed, as any drain does), and A is
+/// refused from then on. The delay from B's acquisition to each replica's move is printed.
+/// A token above the local mark is read afresh, so a forged one is refused at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_lock_route_refuses_the_old_owner_once_the_watch_delivers_the_epoch() {
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let grpc_up = support::grpc::upstream().await;
+    let replicas: Vec<support::ProxyProcess> = [true, false]
+        .iter()
+        .map(|fast| {
+            let text = lock_routes(&etcd, up.addr, grpc_up.addr, *fast, "cached");
+            let path = support::write(dir.path(), &format!("c{fast}.toml"), &text);
+            support::spawn_proxy(&path).unwrap_or_else(|(c, log)| panic!("{c:?}: {log}"))
+        })
+        .collect();
+    let url = |r: &support::ProxyProcess, path: &str| format!("http://{}{path}", r.addr);
+    let (a, ta) = holder(&etcd, "orders", dir.path(), "a").await;
+    for r in &replicas {
+        let got = post(&url(r, "/orders/1"), Some(&ta.to_string())).await;
+        assert_eq!(got.status, StatusCode::OK, "A writes: {}", got.text());
+    }
+    // A's long write, in flight on the first replica when B takes over.
+    let slow = {
+        let u = url(&replicas[0], "/orders/slow?3000");
+        let t = ta.to_string();
+        tokio::spawn(async move { post(&u, Some(&t)).await.status })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    signal(&a, "STOP");
+    let (b, tb) = holder(&etcd, "orders", dir.path(), "b").await;
+    let acquired = std::time::Instant::now();
+    signal(&a, "CONT");
+    let mut delays = Vec::new();
+    for r in &replicas {
+        r.wait_json(Duration::from_secs(5), |v| {
+            v["fields"]["message"] == "mark advanced by another replica"
+                && v["fields"]["to"].as_u64() == Some(tb)
+        });
+        delays.push(acquired.elapsed());
+        let zombie = post(&url(r, "/orders/1"), Some(&ta.to_string())).await;
+        assert_eq!(
+            zombie.status,
+            StatusCode::CONFLICT,
+            "A is refused, B sent nothing"
+        );
+        assert_eq!(zombie.headers["x-fencing-mark"], tb.to_string().as_str());
+    }
+    let drained = replicas[0].wait_json(Duration::from_secs(5), |v| {
+        v["fields"]["message"]
+            == "requests under older marks aborted: another replica admitted a newer owner"
+    });
+    assert_eq!(drained["fields"]["aborted"], 1, "{drained}");
+    assert_eq!(
+        slow.await.unwrap(),
+        StatusCode::OK,
+        "delivered whole: relayed"
+    );
+    for r in &replicas {
+        let forged = post(&url(r, "/orders/1"), Some(&(tb + 1000).to_string())).await;
+        assert_eq!(forged.status, StatusCode::FORBIDDEN, "{}", forged.text());
+        let b_writes = post(&url(r, "/orders/1"), Some(&tb.to_string())).await;
+        assert_eq!(b_writes.status, StatusCode::OK);
+    }
+    eprintln!("cached lock route: each replica moved to B's epoch {delays:?} after the test saw B acquire");
+    drop(a);
+    drop(b);
 }

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 mod advance;
 mod entities;
+mod follow;
 mod open;
 
 pub use entities::DEFAULT_MAX_CACHED;
@@ -44,6 +45,9 @@ pub struct Resource {
     /// The highest epoch of its feeding lock read so far (0: none): an epoch read below it
     /// went back (etcd restored from an older snapshot) and fails closed.
     epoch_seen: std::sync::atomic::AtomicU64,
+    /// `cached` mode, fed by a lock: the epoch was read and the watch follows it since, so
+    /// equal tokens are judged on the local mark (see `follow`).
+    epoch_fresh: std::sync::atomic::AtomicBool,
     /// Shared by the entities of one template.
     metrics: Arc<MarkMetrics>,
     /// Other names this resource answers to since a reload carried its mark over to them
@@ -105,6 +109,7 @@ impl Resource {
             drain,
             confirm: std::sync::OnceLock::new(),
             epoch_seen: std::sync::atomic::AtomicU64::new(0),
+            epoch_fresh: std::sync::atomic::AtomicBool::new(false),
             metrics,
             aliases: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
@@ -180,6 +185,8 @@ pub struct Admission {
     learner: Option<tokio::task::JoinHandle<()>>,
     /// The entities of resource templates in memory.
     entities: entities::Entities,
+    /// Epoch keys followed by watch (`cached` mode, resources fed by a lock).
+    followed: Arc<follow::Followed>,
 }
 
 impl Drop for Admission {
@@ -259,6 +266,7 @@ impl Admission {
             confirm_metrics,
             learner,
             entities: entities::Entities::default(),
+            followed: Arc::default(),
         })
     }
 
@@ -373,16 +381,104 @@ impl Admission {
         epoch: &Arc<str>,
         drain_timeout: Duration,
     ) -> Result<(Admitted, Ticket), Refused> {
-        if self.store.consistency() != Consistency::Linearizable {
-            // Only linearizable stores read epochs (the configuration refuses the others).
-            return Err(Refused::Unavailable {
+        match self.store.consistency() {
+            Consistency::Linearizable => {
+                self.admit_confirmed(resource, token, drain_timeout, Some(epoch))
+                    .await
+            }
+            Consistency::Cached => {
+                let fresh = resource
+                    .epoch_fresh
+                    .load(std::sync::atomic::Ordering::Acquire);
+                if !fresh || token.get() > resource.mark() {
+                    // Marked fresh before the read: a gap the watch reports during the read
+                    // marks it stale again.
+                    if !fresh && self.followed.follow(&self.store, epoch, resource) {
+                        resource
+                            .epoch_fresh
+                            .store(true, std::sync::atomic::Ordering::Release);
+                    }
+                    self.read_epoch(resource, token, epoch).await?;
+                }
+                self.admit_confirmed(resource, token, drain_timeout, None)
+                    .await
+            }
+            // Only etcd reads epochs (the configuration refuses the others).
+            Consistency::Local => Err(Refused::Unavailable {
                 token,
                 step: StoreStep::Epoch,
                 source: StoreError::Etcd("this mark store cannot read a lock's epoch".to_owned()),
-            });
+            }),
         }
-        self.admit_confirmed(resource, token, drain_timeout, Some(epoch))
+    }
+
+    /// [`Admission::admit_fed`] decided at once, when it can be: `cached` mode with the epoch
+    /// followed by the watch, and a token not above the local mark.
+    #[inline]
+    pub fn admit_fed_now(
+        &self,
+        resource: &Resource,
+        token: FencingToken,
+    ) -> Option<Result<Ticket, Refused>> {
+        if self.store.consistency() != Consistency::Cached
+            || !resource
+                .epoch_fresh
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return None;
+        }
+        self.admit_now(resource, token)
+    }
+
+    /// A fresh read of `resource`'s stored mark and of its feeding lock's `epoch` (a
+    /// confirmation round), learned; a token above the epoch is [`Refused::Unissued`].
+    async fn read_epoch(
+        &self,
+        resource: &Arc<Resource>,
+        token: FencingToken,
+        epoch: &Arc<str>,
+    ) -> Result<(), Refused> {
+        let m = self.confirm_metrics.clone();
+        let found = resource
+            .confirm
+            .get_or_init(Arc::default)
+            .confirm(
+                &self.store,
+                &resource.name,
+                Some(epoch),
+                move |took, failed| {
+                    m.duration.observe(took.as_secs_f64());
+                    if failed {
+                        m.errors.inc();
+                    }
+                },
+            )
             .await
+            .map_err(|e| Refused::Unavailable {
+                token,
+                step: StoreStep::Confirm,
+                source: StoreError::Shared(e),
+            })?;
+        let e = match found.epoch {
+            Some(f) => epoch_of(resource, f, epoch, token)?,
+            None => {
+                return Err(Refused::Unavailable {
+                    token,
+                    step: StoreStep::Epoch,
+                    source: StoreError::EpochMissing {
+                        key: epoch.to_string(),
+                    },
+                })
+            }
+        };
+        let effective = found.mark.max(e);
+        if effective > resource.mark() {
+            learn(Arc::clone(resource), effective).await;
+        }
+        if token.get() > e {
+            return Err(Refused::Unissued { token, epoch: e });
+        }
+        Ok(())
     }
 
     async fn admit_confirmed(

@@ -131,6 +131,36 @@ impl Etcd {
         self.wait_ready().await;
     }
 
+    /// A single node's data copied aside, taken with the node stopped and then started again:
+    /// what an operator's backup (or a disk snapshot) holds.
+    pub async fn backup(&mut self) -> tempfile::TempDir {
+        assert_eq!(self.nodes.len(), 1, "backups of a single node only");
+        self.stop();
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(&self.data_dir(0), copy.path());
+        self.restart().await;
+        copy
+    }
+
+    /// Replaces the single node's data by `backup` (from [`Etcd::backup`]) and starts it
+    /// again: etcd restored from an older snapshot, revisions and all.
+    pub async fn restore(&mut self, backup: &std::path::Path) {
+        self.stop();
+        let data = self.data_dir(0);
+        std::fs::remove_dir_all(&data).unwrap();
+        copy_dir(backup, &data);
+        self.restart().await;
+    }
+
+    fn data_dir(&self, i: usize) -> PathBuf {
+        let arg = self.nodes[i]
+            .args
+            .iter()
+            .find_map(|a| a.strip_prefix("--data-dir="))
+            .expect("a data dir");
+        PathBuf::from(arg)
+    }
+
     /// Kills node `i` alone (a crash of one member).
     pub fn stop_node(&mut self, i: usize) {
         if let Some(mut c) = self.nodes[i].child.take() {
@@ -252,5 +282,18 @@ impl Etcd {
     /// keeps its sockets open but answers nothing, and expires no lease).
     pub fn pid(&self, i: usize) -> Option<u32> {
         self.nodes[i].child.as_ref().map(Child::id)
+    }
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
     }
 }

@@ -121,6 +121,19 @@ pub trait MarkStore: Send + Sync + 'static {
         None
     }
 
+    /// Changes of keys under `prefix` (outside the marks: the epoch keys of locks that feed
+    /// resources) as `(key, mod revision)` of each write, for as long as the receiver is
+    /// kept; `("", 0)` whenever changes may have been missed (the watch started, started
+    /// again, or fell behind a compaction), so that every followed key is read afresh.
+    /// `None` for stores that cannot watch.
+    fn watch_keys(
+        &self,
+        prefix: &str,
+    ) -> Option<tokio::sync::mpsc::UnboundedReceiver<(String, u64)>> {
+        let _ = prefix;
+        None
+    }
+
     /// Whether the store can currently take writes (for `/readyz`): a real write where the
     /// store has one, its result reused briefly so that polling stays cheap.
     fn ready(&self) -> BoxFuture<'_, Result<(), StoreError>>;

@@ -468,17 +468,12 @@ impl Validator<'_> {
         if !guard {
             return Err(self.at(&name, key(k), "only used on a guarded route"));
         }
-        let linearizable_etcd = matches!(
-            marks,
-            Some(MarksSettings::Etcd(e)) if e.consistency == crate::marks::Consistency::Linearizable
-        );
-        if marks.is_some() && !linearizable_etcd {
+        if marks.is_some() && !matches!(marks, Some(MarksSettings::Etcd(_))) {
             return Err(self.at(
                 &name,
                 key(k),
-                "needs [marks] store = \"etcd\" with consistency = \"linearizable\": the \
-                 epoch is read, with the mark, from the etcd cluster the primitive lives in \
-                 (consistency = \"cached\" is not supported with lock, election or rwlock yet)",
+                "needs [marks] store = \"etcd\": the epoch is read, with the mark, from the \
+                 etcd cluster the primitive lives in",
             ));
         }
         let namespace = match namespace {

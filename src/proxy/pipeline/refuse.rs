@@ -223,7 +223,8 @@ impl Proxy {
         // boxed, so that its state does not grow the future of every request, which hyper
         // moves whole.
         let decided = match &route.settings.epoch {
-            // Fed by a lock: always confirmed, with the lock's epoch.
+            // Fed by a lock: confirmed with the lock's epoch (linearizable), or judged on the
+            // local mark that a watch of the epoch keeps (cached).
             Some(feed) => {
                 let key = match &feed.fixed_key {
                     Some(k) => Arc::clone(k),
@@ -239,12 +240,17 @@ impl Proxy {
                         }
                     }
                 };
-                Box::pin(
-                    self.admission
-                        .admit_fed(resource, t, &key, route.settings.drain_timeout),
-                )
-                .await
-                .map(|(_, ticket)| ticket)
+                match self.admission.admit_fed_now(resource, t) {
+                    Some(now) => now,
+                    None => Box::pin(self.admission.admit_fed(
+                        resource,
+                        t,
+                        &key,
+                        route.settings.drain_timeout,
+                    ))
+                    .await
+                    .map(|(_, ticket)| ticket),
+                }
             }
             None => match self.admission.admit_now(resource, t) {
                 Some(now) => now,

@@ -95,4 +95,72 @@ impl EtcdStore {
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     }
+
+    /// Forwards `(key, mod revision)` of every write under `prefix` from now on until the
+    /// receiver is dropped, and `("", 0)` each time the watch is (re)established: changes
+    /// before that may have been missed.
+    pub(super) async fn watch_keys_loop(
+        self,
+        prefix: String,
+        tx: mpsc::UnboundedSender<(String, u64)>,
+    ) {
+        // Every (re)start watches from the present and says that events were missed: the
+        // followed resources read their epochs again, so no resume revision is kept.
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            let options = WatchOptions::new().with_prefix();
+            let stream = self
+                .bounded("watch", || {
+                    let mut watch = self.inner.client.watch_client();
+                    let (prefix, options) = (prefix.clone(), options.clone());
+                    async move { watch.watch(prefix, Some(options)).await }
+                })
+                .await;
+            let mut stream = match stream {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, %prefix, "etcd epoch watch: cannot start; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    continue;
+                }
+            };
+            loop {
+                let msg = tokio::select! {
+                    m = stream.message() => m,
+                    () = tx.closed() => return,
+                };
+                let resp = match msg {
+                    Ok(Some(r)) => r,
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, %prefix, "etcd epoch watch broke; resuming");
+                        break;
+                    }
+                };
+                backoff = Duration::from_millis(50);
+                if resp.created() {
+                    // Established (its start revision fixed): whatever changed before is
+                    // read afresh by the next admissions.
+                    let _ = tx.send((String::new(), 0));
+                }
+                if resp.compact_revision() > 0 || resp.canceled() {
+                    break;
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    if ev.event_type() != EventType::Put {
+                        continue;
+                    }
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    let _ = tx.send((key, u64::try_from(kv.mod_revision()).unwrap_or(0)));
+                }
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
 }
