@@ -2,7 +2,8 @@
 # Load test of the mark stores: one palisade replica (guard on, token header set, the
 # equal-token path) with the file store, the etcd store in linearizable mode, the same with
 # the route fed by a lock (`lock = "bench-lock"`: every confirmation reads the lock's epoch
-# too, the token is the epoch's revision), and the etcd store in cached mode, one after
+# too, the token is the epoch's revision), the etcd store in cached mode, and cached with the
+# lock (the epoch followed by a watch), one after
 # another in the same run, with wrk -t1 at 64 connections (CONNS to change).
 #
 # Method
@@ -113,11 +114,12 @@ echo "palisade mark stores: $(nproc) cores, wrk -t1, ${DURATION}s per run, one r
 printf "%-6s | %-14s | %12s | %9s | %s\n" conns store "rps" "p99 ms" "etcd round trips / admitted"
 for c in $CONNS; do
   declare -A RPS
-  for store in file linearizable lock cached; do
+  for store in file linearizable lock cached lock-cached; do
     token=5 extra=""
     case $store in
       file) marks=$FILE_MARKS ;;
       lock) marks=$(etcd_marks linearizable); token=$EPOCH; extra='lock = "bench-lock"' ;;
+      lock-cached) marks=$(etcd_marks cached); token=$EPOCH; extra='lock = "bench-lock"' ;;
       *) marks=$(etcd_marks "$store") ;;
     esac
     read -r rps p99 trips < <(run_store "$store" "$marks" "$c" "$token" "$extra")
@@ -125,6 +127,6 @@ for c in $CONNS; do
     [[ $store == file ]] && trips="0 (local)"
     printf "%-6s | %-14s | %12.0f | %9.2f | %s\n" "$c" "$store" "$rps" "$p99" "$trips"
   done
-  awk -v f="${RPS[file]}" -v l="${RPS[linearizable]}" -v k="${RPS[cached]}" -v o="${RPS[lock]}" \
-    'BEGIN {printf "       linearizable/file %.2fx, cached/file %.2fx, lock/linearizable %.2fx\n", l/f, k/f, o/l}'
+  awk -v f="${RPS[file]}" -v l="${RPS[linearizable]}" -v k="${RPS[cached]}" -v o="${RPS[lock]}" -v q="${RPS[lock-cached]}" \
+    'BEGIN {printf "       linearizable/file %.2fx, cached/file %.2fx, lock/linearizable %.2fx, lock-cached/cached %.2fx\n", l/f, k/f, o/l, q/k}'
 done

@@ -782,6 +782,27 @@ async fn a_cached_lock_route_refuses_the_old_owner_once_the_watch_delivers_the_e
         let b_writes = post(&url(r, "/orders/1"), Some(&tb.to_string())).await;
         assert_eq!(b_writes.status, StatusCode::OK);
     }
+    // A deleted epoch key: the watch tells, and B's equal token, judged on the local mark a
+    // moment ago, now needs a read, which fails closed.
+    let mut kv = etcd.client().await;
+    kv.delete("/palisade/lock/orders/epoch", None)
+        .await
+        .unwrap();
+    for r in &replicas {
+        let started = std::time::Instant::now();
+        loop {
+            let got = post(&url(r, "/orders/1"), Some(&tb.to_string())).await;
+            if got.status == StatusCode::SERVICE_UNAVAILABLE {
+                break;
+            }
+            assert_eq!(got.status, StatusCode::OK);
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "the deletion was never seen"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
     eprintln!("cached lock route: each replica moved to B's epoch {delays:?} after the test saw B acquire");
     drop(a);
     drop(b);

@@ -42,12 +42,15 @@ pub struct Resource {
     drain: Drain,
     /// Made on first use: only stores confirmed per admission use it.
     confirm: std::sync::OnceLock<Arc<Coalescer>>,
-    /// The highest epoch of its feeding lock read so far (0: none): an epoch read below it
-    /// went back (etcd restored from an older snapshot) and fails closed.
-    epoch_seen: std::sync::atomic::AtomicU64,
-    /// `cached` mode, fed by a lock: the epoch was read and the watch follows it since, so
-    /// equal tokens are judged on the local mark (see `follow`).
-    epoch_fresh: std::sync::atomic::AtomicBool,
+    /// The epoch of its feeding lock as the latest confirmation round read it: a later
+    /// round that reads a lower one found it gone back (etcd restored from an older
+    /// snapshot), and fails closed.
+    epoch_seen: std::sync::Mutex<EpochSeen>,
+    /// `cached` mode, fed by a lock: the generation (plus one) in which its epoch was last
+    /// read; equal to the current one, equal tokens are judged on the local mark (`follow`).
+    epoch_fresh: std::sync::atomic::AtomicU64,
+    /// The epoch key the watch follows for it.
+    epoch_followed: std::sync::Mutex<Option<Arc<str>>>,
     /// Shared by the entities of one template.
     metrics: Arc<MarkMetrics>,
     /// Other names this resource answers to since a reload carried its mark over to them
@@ -72,6 +75,17 @@ impl Resource {
     pub fn mark(&self) -> u64 {
         self.mark.get()
     }
+}
+
+/// What a resource last read of its feeding lock's epoch.
+#[derive(Debug, Default)]
+struct EpochSeen {
+    /// The epoch key read (a reload may change it: the history starts again).
+    key: Option<Arc<str>>,
+    /// The confirmation round that read it.
+    round: u64,
+    /// Its revision.
+    revision: u64,
 }
 
 /// Every known resource by name (hashed: entities of templates can be millions, and the hot
@@ -108,8 +122,9 @@ impl Resource {
             advancing: tokio::sync::Mutex::new(()),
             drain,
             confirm: std::sync::OnceLock::new(),
-            epoch_seen: std::sync::atomic::AtomicU64::new(0),
-            epoch_fresh: std::sync::atomic::AtomicBool::new(false),
+            epoch_seen: std::sync::Mutex::default(),
+            epoch_fresh: std::sync::atomic::AtomicU64::new(0),
+            epoch_followed: std::sync::Mutex::new(None),
             metrics,
             aliases: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
@@ -387,18 +402,17 @@ impl Admission {
                     .await
             }
             Consistency::Cached => {
-                let fresh = resource
-                    .epoch_fresh
-                    .load(std::sync::atomic::Ordering::Acquire);
-                if !fresh || token.get() > resource.mark() {
-                    // Marked fresh before the read: a gap the watch reports during the read
-                    // marks it stale again.
-                    if !fresh && self.followed.follow(&self.store, epoch, resource) {
+                // Read before the watch is asked and the epoch read: a gap the watch reports
+                // meanwhile moves it, and the read then does not count as fresh.
+                let generation = self.followed.generation();
+                if !self.followed.is_fresh(resource) || token.get() > resource.mark() {
+                    let watched = self.followed.follow(&self.store, epoch, resource);
+                    self.read_epoch(resource, token, epoch).await?;
+                    if watched && self.followed.generation() == generation {
                         resource
                             .epoch_fresh
-                            .store(true, std::sync::atomic::Ordering::Release);
+                            .store(generation + 1, std::sync::atomic::Ordering::Release);
                     }
-                    self.read_epoch(resource, token, epoch).await?;
                 }
                 self.admit_confirmed(resource, token, drain_timeout, None)
                     .await
@@ -413,25 +427,27 @@ impl Admission {
     }
 
     /// [`Admission::admit_fed`] decided at once, when it can be: `cached` mode with the epoch
-    /// followed by the watch, and a token not above the local mark.
+    /// read in the current generation (see `follow`), and a token not above the local mark.
     #[inline]
     pub fn admit_fed_now(
         &self,
         resource: &Resource,
         token: FencingToken,
     ) -> Option<Result<Ticket, Refused>> {
-        if self.store.consistency() != Consistency::Cached
-            || !resource
-                .epoch_fresh
-                .load(std::sync::atomic::Ordering::Acquire)
-        {
+        if self.store.consistency() != Consistency::Cached || !self.followed.is_fresh(resource) {
             return None;
         }
         self.admit_now(resource, token)
     }
 
-    /// A fresh read of `resource`'s stored mark and of its feeding lock's `epoch` (a
-    /// confirmation round), learned; a token above the epoch is [`Refused::Unissued`].
+    /// Every resource fed by a lock reads its epoch again at its next admission (`cached`
+    /// mode): a reload calls it, since it may have changed the locks that feed them.
+    pub fn unsettle_epochs(&self) {
+        self.followed.unsettle();
+    }
+
+    /// A confirmation round of `resource`'s stored mark and of its feeding lock's `epoch`,
+    /// learned; a token above the epoch is [`Refused::Unissued`].
     async fn read_epoch(
         &self,
         resource: &Arc<Resource>,
@@ -439,7 +455,7 @@ impl Admission {
         epoch: &Arc<str>,
     ) -> Result<(), Refused> {
         let m = self.confirm_metrics.clone();
-        let found = resource
+        let read = resource
             .confirm
             .get_or_init(Arc::default)
             .confirm(
@@ -459,19 +475,8 @@ impl Admission {
                 step: StoreStep::Confirm,
                 source: StoreError::Shared(e),
             })?;
-        let e = match found.epoch {
-            Some(f) => epoch_of(resource, f, epoch, token)?,
-            None => {
-                return Err(Refused::Unavailable {
-                    token,
-                    step: StoreStep::Epoch,
-                    source: StoreError::EpochMissing {
-                        key: epoch.to_string(),
-                    },
-                })
-            }
-        };
-        let effective = found.mark.max(e);
+        let e = epoch_of(resource, &read, epoch, token)?;
+        let effective = read.found.mark.max(e);
         if effective > resource.mark() {
             learn(Arc::clone(resource), effective).await;
         }
@@ -490,7 +495,7 @@ impl Admission {
     ) -> Result<(Admitted, Ticket), Refused> {
         if self.store.consistency() == Consistency::Linearizable {
             let m = self.confirm_metrics.clone();
-            let found = resource
+            let read = resource
                 .confirm
                 .get_or_init(Arc::default)
                 .confirm(&self.store, &resource.name, epoch, move |took, failed| {
@@ -505,11 +510,11 @@ impl Admission {
                     step: StoreStep::Confirm,
                     source: StoreError::Shared(e),
                 })?;
-            let fed = match (found.epoch, epoch) {
-                (None, _) | (_, None) => None,
-                (Some(e), Some(key)) => Some(epoch_of(resource, e, key, token)?),
+            let fed = match epoch {
+                None => None,
+                Some(key) => Some(epoch_of(resource, &read, key, token)?),
             };
-            let effective = found.mark.max(fed.unwrap_or(0));
+            let effective = read.found.mark.max(fed.unwrap_or(0));
             if effective > resource.mark() {
                 // The new owner's acquisition (or another replica's advance): published,
                 // and this replica's requests under older marks aborted at once.
@@ -555,13 +560,15 @@ impl Admission {
     }
 }
 
-/// The epoch a confirmation read found for `resource` (fed by the lock whose epoch key is
-/// `key`): its revision, or the refusal when the key is missing or went back below an epoch
-/// read before (both fail closed: an older epoch could admit an older owner).
+/// The epoch that confirmation round `read` found for `resource`, fed by the lock whose epoch
+/// key is `key`: its revision, or the refusal (fail closed) when the round did not read that
+/// key (two locks named for one resource, or a reload changing it meanwhile), the key is
+/// missing, or its revision went below one a later-started round read before (an older
+/// epoch could admit an older owner).
 fn epoch_of(
     resource: &Resource,
-    found: Epoch,
-    key: &str,
+    read: &crate::confirm::Confirmation,
+    key: &Arc<str>,
     token: FencingToken,
 ) -> Result<u64, Refused> {
     let unavailable = |source| Refused::Unavailable {
@@ -569,20 +576,42 @@ fn epoch_of(
         step: StoreStep::Epoch,
         source,
     };
-    let Epoch::At(now) = found else {
+    let (Some(read_key), Some(found)) = (&read.epoch_key, read.found.epoch) else {
         return Err(unavailable(StoreError::EpochMissing {
-            key: key.to_owned(),
+            key: key.to_string(),
         }));
     };
-    let seen = resource
-        .epoch_seen
-        .fetch_max(now, std::sync::atomic::Ordering::SeqCst);
-    if now < seen {
-        return Err(unavailable(StoreError::EpochRewound {
-            key: key.to_owned(),
-            seen,
-            now,
+    if read_key != key {
+        return Err(unavailable(StoreError::Etcd(format!(
+            "the confirmation read {read_key}, not {key}: two locks feed this resource (or a \
+             reload is changing it); refusing"
+        ))));
+    }
+    let Epoch::At(now) = found else {
+        return Err(unavailable(StoreError::EpochMissing {
+            key: key.to_string(),
         }));
+    };
+    let mut seen = resource
+        .epoch_seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if seen.key.as_ref() != Some(key) {
+        *seen = EpochSeen {
+            key: Some(Arc::clone(key)),
+            round: read.round,
+            revision: now,
+        };
+    } else if read.round > seen.round {
+        if now < seen.revision {
+            return Err(unavailable(StoreError::EpochRewound {
+                key: key.to_string(),
+                seen: seen.revision,
+                now,
+            }));
+        }
+        seen.round = read.round;
+        seen.revision = now;
     }
     Ok(now)
 }

@@ -40,16 +40,29 @@ struct State {
     /// The epoch key the resource's reads include (the latest caller's: a reload may change
     /// it), for a resource fed by a lock.
     epoch: Option<Arc<str>>,
+    /// Rounds read so far: each result says which it was.
+    rounds: u64,
+}
+
+/// What one confirmation round read.
+#[derive(Debug, Clone)]
+pub struct Confirmation {
+    /// The round's number: later rounds started later.
+    pub round: u64,
+    /// The epoch key it read, if any (a caller that asked for another one must not use it).
+    pub epoch_key: Option<Arc<str>>,
+    /// The store's answer.
+    pub found: Confirmed,
 }
 
 #[derive(Debug, Default)]
 struct Round {
-    result: OnceLock<Result<Confirmed, Arc<StoreError>>>,
+    result: OnceLock<Result<Confirmation, Arc<StoreError>>>,
     done: Notify,
 }
 
 impl Round {
-    async fn wait(&self) -> Result<Confirmed, Arc<StoreError>> {
+    async fn wait(&self) -> Result<Confirmation, Arc<StoreError>> {
         loop {
             let n = self.done.notified();
             tokio::pin!(n);
@@ -76,7 +89,7 @@ impl Coalescer {
         resource: &Arc<str>,
         epoch: Option<&Arc<str>>,
         observe: impl Fn(std::time::Duration, bool) + Send + Sync + 'static,
-    ) -> Result<Confirmed, Arc<StoreError>> {
+    ) -> Result<Confirmation, Arc<StoreError>> {
         let round = {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             if st.epoch.as_ref() != epoch {
@@ -105,10 +118,13 @@ async fn drive(
     observe: impl Fn(std::time::Duration, bool),
 ) {
     loop {
-        let (round, epoch) = {
+        let (round, epoch, number) = {
             let mut st = me.state.lock().unwrap_or_else(|e| e.into_inner());
             match st.next.take() {
-                Some(r) => (r, st.epoch.clone()),
+                Some(r) => {
+                    st.rounds += 1;
+                    (r, st.epoch.clone(), st.rounds)
+                }
                 None => {
                     st.running = false;
                     return;
@@ -119,6 +135,11 @@ async fn drive(
         let r = store
             .confirm(&resource, epoch.as_deref())
             .await
+            .map(|found| Confirmation {
+                round: number,
+                epoch_key: epoch,
+                found,
+            })
             .map_err(Arc::new);
         observe(started.elapsed(), r.is_err());
         let _ = round.result.set(r);
@@ -188,6 +209,7 @@ mod tests {
                 c.confirm(&store, &name, None, |_, _| {})
                     .await
                     .unwrap()
+                    .found
                     .mark
             }));
         }
@@ -204,6 +226,7 @@ mod tests {
                 c.confirm(&store, &name, None, |_, _| {})
                     .await
                     .unwrap()
+                    .found
                     .mark
             })
         };
@@ -213,6 +236,7 @@ mod tests {
             .confirm(&store, &name, None, |_, _| {})
             .await
             .unwrap()
+            .found
             .mark;
         assert_eq!(
             first.await.unwrap(),

@@ -355,6 +355,10 @@ pub enum FillError {
          remove"
     )]
     HopByHop(String),
+    /// The name of the lock that feeds the route, filled from the request, is not one the
+    /// client library accepts.
+    #[error("the lock that feeds this resource cannot be named from this request: {0}")]
+    BadLock(String),
     /// The filled name is too long.
     #[error("the filled resource name is {0} bytes, more than the {MAX_RESOURCE_BYTES} allowed")]
     TooLong(usize),

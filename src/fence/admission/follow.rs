@@ -4,29 +4,32 @@
 //!
 //! One watch per primitive kind and namespace (`/palisade/lock/`, ...), started on first use.
 //! Each epoch key maps to the resources it feeds (weakly: evicted entities go with their
-//! entry). Whenever a watch starts again, or has missed events, every followed resource is
-//! marked stale (`epoch_fresh` false), so its next admission reads the epoch afresh: a gap in
-//! the watch never lets an old owner in, and an epoch that went back is found by that read.
+//! entry). A resource is *fresh* when its epoch was read successfully in the current
+//! generation; the generation moves whenever a watch starts, starts again, breaks or misses
+//! events, so every followed resource then reads its epoch afresh at its next admission: a
+//! gap in a watch never lets an old owner in, and an epoch that went back is found by that
+//! read. A deleted epoch key makes the resources it feeds stale.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::advance::learn;
 use super::Resource;
 use crate::marks::MarkStore;
 
-/// The followed epoch keys and the watches behind them.
+/// The followed epoch keys, the watches behind them and the generation.
 #[derive(Default)]
 pub(super) struct Followed {
     state: Mutex<State>,
+    generation: AtomicU64,
 }
 
 #[derive(Default)]
 struct State {
     /// Epoch key -> the resources it feeds.
     keys: HashMap<Arc<str>, Vec<Weak<Resource>>>,
-    /// `keys.len()` after the last sweep of dead entries.
+    /// Entries in `keys` after the last sweep of dead ones.
     swept_at: usize,
     /// The prefixes watched, with their tasks (aborted on drop).
     watches: HashMap<String, tokio::task::JoinHandle<()>>,
@@ -41,15 +44,32 @@ impl Drop for Followed {
     }
 }
 
-/// The prefix a watch for `key` (`<namespace>/<kind>/<name>/epoch`) covers: `<namespace>/<kind>/`.
+/// The prefix a watch for `key` (`<namespace>/<kind>/<name>/epoch`) covers:
+/// `<namespace>/<kind>/`.
 fn prefix_of(key: &str) -> Option<&str> {
     let name_start = key.strip_suffix("/epoch")?.rfind('/')? + 1;
     Some(&key[..name_start])
 }
 
 impl Followed {
-    /// Follows `key` for `resource`: `false` when the store cannot watch it (every admission
-    /// then reads the epoch).
+    /// The current generation: a resource whose epoch was read in it is fresh.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Every followed resource must read its epoch again (a reload may have changed the
+    /// locks that feed them; a watch had a gap).
+    pub(super) fn unsettle(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether `resource` may be judged on its local mark now.
+    pub(super) fn is_fresh(&self, resource: &Resource) -> bool {
+        resource.epoch_fresh.load(Ordering::Acquire) == self.generation() + 1
+    }
+
+    /// Follows `key` for `resource` (once per resource): `false` when the store cannot watch
+    /// it (every admission then reads the epoch).
     pub(super) fn follow(
         self: &Arc<Self>,
         store: &Arc<dyn MarkStore>,
@@ -68,18 +88,34 @@ impl Followed {
             st.watches
                 .insert(prefix.to_owned(), tokio::spawn(deliver(me, rx)));
         }
-        let fed = st.keys.entry(Arc::clone(key)).or_default();
-        if !fed.iter().any(|w| w.as_ptr() == Arc::as_ptr(resource)) {
-            fed.retain(|w| w.strong_count() > 0);
-            fed.push(Arc::downgrade(resource));
+        let mut followed = resource
+            .epoch_followed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if followed.as_deref() != Some(&**key) {
+            st.keys
+                .entry(Arc::clone(key))
+                .or_default()
+                .push(Arc::downgrade(resource));
+            *followed = Some(Arc::clone(key));
         }
-        // Evicted entities leave dead entries: swept whenever the map doubled.
-        if st.keys.len() > 2 * st.swept_at.max(1024) {
-            st.keys.retain(|_, fed| {
-                fed.retain(|w| w.strong_count() > 0);
+        drop(followed);
+        // Evicted entities (and changed keys) leave dead entries: swept when the map doubled.
+        let entries: usize = st.keys.values().map(Vec::len).sum();
+        if entries > 2 * st.swept_at.max(1024) {
+            st.keys.retain(|k, fed| {
+                fed.retain(|w| {
+                    w.upgrade().is_some_and(|r| {
+                        r.epoch_followed
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .as_deref()
+                            == Some(&**k)
+                    })
+                });
                 !fed.is_empty()
             });
-            st.swept_at = st.keys.len();
+            st.swept_at = st.keys.values().map(Vec::len).sum();
         }
         true
     }
@@ -91,18 +127,11 @@ impl Followed {
             .map(|fed| fed.iter().filter_map(Weak::upgrade).collect())
             .unwrap_or_default()
     }
-
-    /// Every followed resource must read its epoch again.
-    fn unsettle(&self) {
-        let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        for r in st.keys.values().flatten().filter_map(Weak::upgrade) {
-            r.epoch_fresh.store(false, Ordering::Release);
-        }
-    }
 }
 
-/// Applies the watch's news: a new epoch is learned (published, older requests aborted); a
-/// gap unsettles every followed resource.
+/// Applies the watch's news: a new epoch is learned (published, older requests aborted) in a
+/// task of its own (an advance in progress holds the resource's lock); a deleted key makes
+/// its resources stale; a gap moves the generation.
 async fn deliver(
     followed: Weak<Followed>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(String, u64)>,
@@ -116,12 +145,10 @@ async fn deliver(
             continue;
         }
         for r in f.resources(&key) {
-            let seen = r.epoch_seen.fetch_max(revision, Ordering::SeqCst);
-            if revision < seen {
-                // Not from a watch that runs in revision order: read it again.
-                r.epoch_fresh.store(false, Ordering::Release);
+            if revision == 0 {
+                r.epoch_fresh.store(0, Ordering::Release);
             } else if revision > r.mark() {
-                learn(r, revision).await;
+                tokio::spawn(learn(r, revision));
             }
         }
     }

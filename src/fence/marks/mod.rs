@@ -121,10 +121,11 @@ pub trait MarkStore: Send + Sync + 'static {
         None
     }
 
-    /// Changes of keys under `prefix` (outside the marks: the epoch keys of locks that feed
-    /// resources) as `(key, mod revision)` of each write, for as long as the receiver is
-    /// kept; `("", 0)` whenever changes may have been missed (the watch started, started
-    /// again, or fell behind a compaction), so that every followed key is read afresh.
+    /// Changes of the epoch keys under `prefix` (outside the marks: the keys of locks that
+    /// feed resources) as `(key, mod revision)` of each write (0 for a delete), for as long
+    /// as the receiver is kept; `("", 0)` whenever changes may have been missed (the watch
+    /// started, broke, or fell behind a compaction), so that every followed key is read
+    /// afresh.
     /// `None` for stores that cannot watch.
     fn watch_keys(
         &self,

@@ -390,6 +390,17 @@ fn a_route_fed_by_a_lock_is_checked_against_its_store_and_resource() {
         assert_eq!(k, key, "{text}: {msg}");
         assert!(msg.contains(says), "{key}: {msg}");
     }
+    // Two routes of one resource name the same lock, or none.
+    let two = format!(
+        "{}\n[[route]]\nname = \"orders-put\"\nupstream = \"legacy\"\npath_prefix = \"/o2\"\n\
+         resource = \"orders\"\nlock = \"other\"\n",
+        with(&etcd("linearizable"), "lock = \"orders\"")
+    );
+    let (_, _, k, msg) = err(&two);
+    assert_eq!(k, "route[1].lock");
+    assert!(msg.contains("same lock"), "{msg}");
+    let same = two.replace("lock = \"other\"", "lock = \"orders\"");
+    assert!(Config::parse(&same, Path::new("p.toml")).is_ok());
     // Templated: the lock may use the resource's placeholders only.
     let pattern = |lock: &str| {
         etcd("linearizable").replace(

@@ -87,6 +87,39 @@ impl Validator<'_> {
                 ));
             }
         }
+        // One resource, one feed: a mark judged against two locks' epochs (or against one on
+        // one route and none on another) would follow whichever route a request took.
+        let mut feeds: std::collections::HashMap<&str, (usize, Option<&str>)> =
+            std::collections::HashMap::new();
+        for (i, r) in routes.iter().enumerate() {
+            if !r.guard || r.template.is_some() {
+                continue;
+            }
+            let key = r.epoch.as_ref().and_then(|e| e.fixed_key.as_deref());
+            match feeds.get(r.resource.as_str()) {
+                None => {
+                    feeds.insert(&r.resource, (i, key));
+                }
+                Some(&(first, other)) if other != key => {
+                    let feed = |k: Option<&str>| {
+                        k.map_or("no lock".to_owned(), |k| format!("the lock of {k}"))
+                    };
+                    errors.push(self.error(
+                        spans[i],
+                        format!("route[{}].lock", indices[i]),
+                        format_args!(
+                            "resource {:?} is fed by {} here and by {} on route {:?}: every \
+                             route of one resource names the same lock, or none",
+                            r.resource,
+                            feed(key),
+                            feed(other),
+                            routes[first].name
+                        ),
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
         let access_log = keep(
             &mut errors,
             raw.access_log.map(|a| self.access_log(a)).transpose(),

@@ -225,33 +225,34 @@ impl Proxy {
         let decided = match &route.settings.epoch {
             // Fed by a lock: confirmed with the lock's epoch (linearizable), or judged on the
             // local mark that a watch of the epoch keeps (cached).
-            Some(feed) => {
-                let key = match &feed.fixed_key {
-                    Some(k) => Arc::clone(k),
-                    None => {
-                        let name = self.fill(route, &feed.name, headers, target, t)?;
-                        match feed.key(&name) {
-                            Ok(k) => Arc::from(k),
-                            Err(_) => {
-                                let why = crate::template::FillError::TooLong(name.len());
-                                let bad = Rejection::BadResource(why);
-                                return Err((bad, Outcome::Malformed, Some(t.get())));
+            Some(feed) => match self.admission.admit_fed_now(resource, t) {
+                Some(now) => now,
+                // The epoch key is made only when it is read.
+                None => {
+                    let key = match &feed.fixed_key {
+                        Some(k) => Arc::clone(k),
+                        None => {
+                            let name = self.fill(route, &feed.name, headers, target, t)?;
+                            match feed.key(&name) {
+                                Ok(k) => Arc::from(k),
+                                Err(e) => {
+                                    let why = crate::template::FillError::BadLock(e.to_string());
+                                    let bad = Rejection::BadResource(why);
+                                    return Err((bad, Outcome::Malformed, Some(t.get())));
+                                }
                             }
                         }
-                    }
-                };
-                match self.admission.admit_fed_now(resource, t) {
-                    Some(now) => now,
-                    None => Box::pin(self.admission.admit_fed(
+                    };
+                    Box::pin(self.admission.admit_fed(
                         resource,
                         t,
                         &key,
                         route.settings.drain_timeout,
                     ))
                     .await
-                    .map(|(_, ticket)| ticket),
+                    .map(|(_, ticket)| ticket)
                 }
-            }
+            },
             None => match self.admission.admit_now(resource, t) {
                 Some(now) => now,
                 None => Box::pin(self.admission.admit_waiting(
@@ -270,23 +271,14 @@ impl Proxy {
                 Outcome::MarksFull,
                 Some(t.get()),
             )),
-            Err(Refused::Unissued { epoch, .. }) => {
-                tracing::warn!(
-                    route = %route.settings.name,
-                    resource = %resource.name(),
-                    token = t.get(),
+            Err(Refused::Unissued { epoch, .. }) => Err((
+                Rejection::Unissued {
+                    token: t.get(),
                     epoch,
-                    "token above the feeding lock's epoch: never issued; refused"
-                );
-                Err((
-                    Rejection::Unissued {
-                        token: t.get(),
-                        epoch,
-                    },
-                    Outcome::Unissued,
-                    Some(t.get()),
-                ))
-            }
+                },
+                Outcome::Unissued,
+                Some(t.get()),
+            )),
             Err(Refused::Stale { mark, .. }) => {
                 if let Some(c) = &route.metrics.stale {
                     c.inc();

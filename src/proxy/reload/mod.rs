@@ -258,6 +258,9 @@ impl Reloader {
         );
         i.admission.set_max_cached(next.max_cached);
         i.current.store(Arc::new(proxy));
+        // The locks that feed routes may have changed: every fed resource reads its epoch
+        // again before it judges on its local mark.
+        i.admission.unsettle_epochs();
         if let (Some(listener), Some(tls)) = (&i.tls, &next.proxy.tls) {
             listener.store(Arc::clone(&tls.server));
         }

@@ -152,13 +152,21 @@ impl EtcdStore {
                 }
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    if ev.event_type() != EventType::Put {
+                    // Queue entries share the prefix: only epoch keys are news.
+                    if !kv.key().ends_with(b"/epoch") {
                         continue;
                     }
                     let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    let _ = tx.send((key, u64::try_from(kv.mod_revision()).unwrap_or(0)));
+                    // A deleted epoch is news too (0): its resources read it again.
+                    let revision = match ev.event_type() {
+                        EventType::Put => u64::try_from(kv.mod_revision()).unwrap_or(0),
+                        EventType::Delete => 0,
+                    };
+                    let _ = tx.send((key, revision));
                 }
             }
+            // Broken: events may be missed until it is up again, so no resource stays fresh.
+            let _ = tx.send((String::new(), 0));
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
