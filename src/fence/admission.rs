@@ -42,15 +42,9 @@ pub struct Resource {
     drain: Drain,
     /// Made on first use: only stores confirmed per admission use it.
     confirm: std::sync::OnceLock<Arc<Coalescer>>,
-    /// The epoch of its feeding lock as the latest confirmation round read it: a later
-    /// round that reads a lower one found it gone back (etcd restored from an older
-    /// snapshot), and fails closed.
-    epoch_seen: std::sync::Mutex<EpochSeen>,
-    /// `cached` mode, fed by a lock: the generation (plus one) in which its epoch was last
-    /// read; equal to the current one, equal tokens are judged on the local mark (`follow`).
-    epoch_fresh: std::sync::atomic::AtomicU64,
-    /// The epoch key the watch follows for it.
-    epoch_followed: std::sync::Mutex<Option<Arc<str>>>,
+    /// What it knows of the lock that feeds it, made on first use (most resources have no
+    /// lock: they pay one pointer for it).
+    fed: std::sync::OnceLock<Box<Fed>>,
     /// Shared by the entities of one template.
     metrics: Arc<MarkMetrics>,
     /// Other names this resource answers to since a reload carried its mark over to them
@@ -74,6 +68,25 @@ impl Resource {
     /// The current mark (0: nothing accepted yet).
     pub fn mark(&self) -> u64 {
         self.mark.get()
+    }
+}
+
+/// A resource's view of the lock that feeds it (a route's `lock`).
+#[derive(Debug, Default)]
+struct Fed {
+    /// The epoch as the latest confirmation round read it: a later round that reads a lower
+    /// one found it gone back (etcd restored from an older snapshot), and fails closed.
+    seen: std::sync::Mutex<EpochSeen>,
+    /// `cached` mode: the generation (plus one) in which its epoch was last read; equal to
+    /// the current one, equal tokens are judged on the local mark (see `follow`).
+    fresh: std::sync::atomic::AtomicU64,
+    /// The epoch key the watch follows for it.
+    followed: std::sync::Mutex<Option<Arc<str>>>,
+}
+
+impl Resource {
+    fn fed(&self) -> &Fed {
+        self.fed.get_or_init(Box::default)
     }
 }
 
@@ -122,9 +135,7 @@ impl Resource {
             advancing: tokio::sync::Mutex::new(()),
             drain,
             confirm: std::sync::OnceLock::new(),
-            epoch_seen: std::sync::Mutex::default(),
-            epoch_fresh: std::sync::atomic::AtomicU64::new(0),
-            epoch_followed: std::sync::Mutex::new(None),
+            fed: std::sync::OnceLock::new(),
             metrics,
             aliases: std::sync::Mutex::default(),
             touched: entities::Touched::default(),
@@ -410,7 +421,8 @@ impl Admission {
                     self.read_epoch(resource, token, epoch).await?;
                     if watched && self.followed.generation() == generation {
                         resource
-                            .epoch_fresh
+                            .fed()
+                            .fresh
                             .store(generation + 1, std::sync::atomic::Ordering::Release);
                     }
                 }
@@ -593,7 +605,8 @@ fn epoch_of(
         }));
     };
     let mut seen = resource
-        .epoch_seen
+        .fed()
+        .seen
         .lock()
         .unwrap_or_else(|e| e.into_inner());
     if seen.key.as_ref() != Some(key) {

@@ -65,7 +65,10 @@ impl Followed {
 
     /// Whether `resource` may be judged on its local mark now.
     pub(super) fn is_fresh(&self, resource: &Resource) -> bool {
-        resource.epoch_fresh.load(Ordering::Acquire) == self.generation() + 1
+        resource
+            .fed
+            .get()
+            .is_some_and(|f| f.fresh.load(Ordering::Acquire) == self.generation() + 1)
     }
 
     /// Follows `key` for `resource` (once per resource): `false` when the store cannot watch
@@ -89,7 +92,8 @@ impl Followed {
                 .insert(prefix.to_owned(), tokio::spawn(deliver(me, rx)));
         }
         let mut followed = resource
-            .epoch_followed
+            .fed()
+            .followed
             .lock()
             .unwrap_or_else(|e| e.into_inner());
         if followed.as_deref() != Some(&**key) {
@@ -106,7 +110,8 @@ impl Followed {
             st.keys.retain(|k, fed| {
                 fed.retain(|w| {
                     w.upgrade().is_some_and(|r| {
-                        r.epoch_followed
+                        r.fed()
+                            .followed
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .as_deref()
@@ -146,7 +151,9 @@ async fn deliver(
         }
         for r in f.resources(&key) {
             if revision == 0 {
-                r.epoch_fresh.store(0, Ordering::Release);
+                if let Some(f) = r.fed.get() {
+                    f.fresh.store(0, Ordering::Release);
+                }
             } else if revision > r.mark() {
                 tokio::spawn(learn(r, revision));
             }
