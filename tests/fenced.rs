@@ -812,3 +812,79 @@ async fn a_cached_lock_route_refuses_the_old_owner_once_the_watch_delivers_the_e
     drop(a);
     drop(b);
 }
+
+/// A route fed by a semaphore: each slot's epoch (`jobs/epoch/<slot>`) feeds that slot's
+/// resource (`jobs/<slot>`, as `Permit::resource` names it). When A's slot passes to B, A is
+/// refused before B writes; the holder of the other slot is not disturbed; a token above the
+/// slot's epoch is 403; a slot spelled another way (`01`) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_route_fences_each_slot_from_its_new_holders_acquisition() {
+    use palisade::SemaphoreService;
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let text = format!(
+        "[proxy]\nlisten = \"127.0.0.1:0\"\n[marks]\nstore = \"etcd\"\n[marks.etcd]\n\
+         endpoints = [\"{}\"]\nprefix = \"/marks/\"\n[[upstream]]\nname = \"u\"\n\
+         url = \"http://{}\"\n[[route]]\nname = \"jobs\"\nupstream = \"u\"\n\
+         path_pattern = \"/jobs/{{slot}}/run\"\nresource = \"jobs/{{slot}}\"\nsemaphore = \"jobs\"\n",
+        etcd.endpoint(),
+        up.addr
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let e = Env2 { etcd: &etcd };
+    let (sa, sd, sb) = (e.session().await, e.session().await, e.session().await);
+    let a = sa.acquire("jobs", 2).await.unwrap();
+    let d = sd.acquire("jobs", 2).await.unwrap();
+    assert_ne!(a.slot(), d.slot());
+    let url = |slot: u32| proxy.url(&format!("/jobs/{slot}/run"));
+    for p in [&a, &d] {
+        assert_eq!(p.resource(), format!("jobs/{}", p.slot()));
+        let got = post(&url(p.slot()), Some(&p.token().to_string())).await;
+        assert_eq!(got.status, StatusCode::OK, "{}", got.text());
+    }
+    let (slot, ta) = (a.slot(), a.token().get());
+    drop(a);
+    sa.close().await.unwrap(); // A's slot is free: B takes it
+    let b = sb.acquire("jobs", 2).await.unwrap();
+    assert_eq!(b.slot(), slot);
+    let zombie = post(&url(slot), Some(&ta.to_string())).await;
+    assert_eq!(
+        zombie.status,
+        StatusCode::CONFLICT,
+        "A is refused before B writes"
+    );
+    assert_eq!(
+        zombie.headers["x-fencing-mark"],
+        b.token().to_string().as_str()
+    );
+    let forged = post(&url(slot), Some(&(b.token().get() + 1000).to_string())).await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        post(&url(slot), Some(&b.token().to_string())).await.status,
+        StatusCode::OK
+    );
+    // The other slot's holder was not fenced by B's acquisition.
+    let other = post(&url(d.slot()), Some(&d.token().to_string())).await;
+    assert_eq!(other.status, StatusCode::OK);
+    let odd = post(
+        &proxy.url(&format!("/jobs/0{slot}/run")),
+        Some(&b.token().to_string()),
+    )
+    .await;
+    assert_eq!(odd.status, StatusCode::BAD_REQUEST, "{}", odd.text());
+}
+
+struct Env2<'a> {
+    etcd: &'a etcd::Etcd,
+}
+
+impl Env2<'_> {
+    async fn session(&self) -> Session {
+        let client = self.etcd.client().await;
+        EtcdProvider::new(&client)
+            .session(SessionOptions::new().with_ttl(Duration::from_secs(5)))
+            .await
+            .unwrap()
+    }
+}

@@ -149,7 +149,7 @@ impl Permit {
     }
 }
 
-const KIND: &str = "semaphore";
+const KIND: &str = crate::session::EpochOf::Semaphore.as_str();
 
 impl SemaphoreService for Session {
     async fn acquire(&self, name: &str, permits: u32) -> Result<Permit, Error> {

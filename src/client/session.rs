@@ -48,7 +48,7 @@ pub(crate) use cleanup::Claim;
 pub use cleanup::Incarnation;
 use liveness::Liveness;
 pub(crate) use naming::epoch_of;
-pub use naming::{epoch_key, EpochOf, MAX_NAME_BYTES, MAX_TTL};
+pub use naming::{epoch_key, slot_epoch_key, EpochOf, MAX_NAME_BYTES, MAX_TTL};
 pub use signal::{Loss, LossSignal};
 
 use crate::election::LeaderKey;

@@ -21,7 +21,7 @@ pub(super) fn slot_key(p: &Primitive, slot: u32) -> String {
 }
 
 pub(super) fn epoch_key(p: &Primitive, slot: u32) -> String {
-    format!("{}/epoch/{slot}", p.path)
+    format!("{}/{slot}", crate::session::epoch_of(&p.path))
 }
 
 pub(super) fn epoch_value(entry: &str) -> Vec<u8> {

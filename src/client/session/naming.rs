@@ -75,6 +75,8 @@ pub enum EpochOf {
     RwLock,
     /// An election ([`crate::election`]).
     Election,
+    /// A semaphore ([`crate::semaphore`]): one epoch per slot (see [`slot_epoch_key`]).
+    Semaphore,
 }
 
 impl EpochOf {
@@ -84,6 +86,7 @@ impl EpochOf {
             EpochOf::Lock => "lock",
             EpochOf::RwLock => "rwlock",
             EpochOf::Election => "election",
+            EpochOf::Semaphore => "semaphore",
         }
     }
 }
@@ -97,6 +100,19 @@ impl EpochOf {
 pub fn epoch_key(namespace: &str, kind: EpochOf, name: &str) -> Result<String, Error> {
     check_namespace(namespace)?;
     Ok(epoch_of(&path(namespace, kind.as_str(), name)?))
+}
+
+/// The epoch key of slot `slot` of semaphore `name` in `namespace`, whose mod revision is the
+/// token of the slot's current holder (its resource is `name/slot`, as
+/// [`crate::semaphore::Permit::resource`] names it).
+///
+/// # Errors
+/// As [`epoch_key`].
+pub fn slot_epoch_key(namespace: &str, name: &str, slot: u32) -> Result<String, Error> {
+    Ok(format!(
+        "{}/{slot}",
+        epoch_key(namespace, EpochOf::Semaphore, name)?
+    ))
 }
 
 /// The epoch key of the primitive whose keys start with `path`.

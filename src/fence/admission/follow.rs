@@ -44,10 +44,20 @@ impl Drop for Followed {
     }
 }
 
-/// The prefix a watch for `key` (`<namespace>/<kind>/<name>/epoch`) covers:
-/// `<namespace>/<kind>/`.
+/// The prefix a watch for `key` (`<namespace>/<kind>/<name>/epoch`, or a semaphore slot's
+/// `.../epoch/<slot>`) covers: `<namespace>/<kind>/`.
 fn prefix_of(key: &str) -> Option<&str> {
-    let name_start = key.strip_suffix("/epoch")?.rfind('/')? + 1;
+    let primitive = match key.strip_suffix("/epoch") {
+        Some(p) => p,
+        None => {
+            let (p, slot) = key.rsplit_once("/epoch/")?;
+            if slot.is_empty() || !slot.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            p
+        }
+    };
+    let name_start = primitive.rfind('/')? + 1;
     Some(&key[..name_start])
 }
 
@@ -174,5 +184,10 @@ mod tests {
             Some("/a/b/election/")
         );
         assert_eq!(super::prefix_of("/palisade/lock/orders/q/x"), None);
+        assert_eq!(
+            super::prefix_of("/palisade/semaphore/jobs/epoch/3"),
+            Some("/palisade/semaphore/")
+        );
+        assert_eq!(super::prefix_of("/palisade/semaphore/jobs/epoch/x"), None);
     }
 }

@@ -265,8 +265,8 @@ pub struct RouteSettings {
     /// `max_marks`: stored marks a templated route may hold (default 1000000); a new entity
     /// beyond it is refused (503 `marks_full`). `None` for a fixed resource.
     pub max_marks: Option<u64>,
-    /// `lock`, `election` or `rwlock` (with `lock_namespace`): the primitive whose epoch
-    /// key is also the route's mark (marks in etcd, linearizable).
+    /// `lock`, `election`, `rwlock` or `semaphore` (with `lock_namespace`): the primitive
+    /// whose epoch key is also the route's mark (marks in etcd).
     pub epoch: Option<EpochFeed>,
     /// `guard`.
     pub guard: bool,
@@ -310,7 +310,8 @@ pub struct EpochFeed {
     pub namespace: String,
     /// The primitive's name: fixed, or a template over placeholders of `resource`.
     pub name: ResourceTemplate,
-    /// The epoch key of a fixed name.
+    /// The epoch key of a fixed name (never for a semaphore: its slot comes from the
+    /// request).
     pub fixed_key: Option<std::sync::Arc<str>>,
 }
 
@@ -321,6 +322,14 @@ impl EpochFeed {
     /// The name is not one the client library would accept (empty, over 1024 bytes).
     pub fn key(&self, name: &str) -> Result<String, crate::error::Error> {
         crate::session::epoch_key(&self.namespace, self.kind, name)
+    }
+
+    /// The epoch key of slot `slot` (the `{slot}` capture) of the semaphore a request names.
+    ///
+    /// # Errors
+    /// As [`EpochFeed::key`].
+    pub fn slot_key(&self, name: &str, slot: u32) -> Result<String, crate::error::Error> {
+        crate::session::slot_epoch_key(&self.namespace, name, slot)
     }
 }
 

@@ -134,6 +134,7 @@ pub(super) struct Route {
     pub(super) lock: Option<Spanned<String>>,
     pub(super) election: Option<Spanned<String>>,
     pub(super) rwlock: Option<Spanned<String>>,
+    pub(super) semaphore: Option<Spanned<String>>,
     pub(super) lock_namespace: Option<Spanned<String>>,
 }
 

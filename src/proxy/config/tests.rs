@@ -415,6 +415,24 @@ fn a_route_fed_by_a_lock_is_checked_against_its_store_and_resource() {
     let (_, _, k, msg) = err(&pattern("locks/{sku}"));
     assert_eq!(k, "route[0].lock");
     assert!(msg.contains("placeholders of resource"), "{msg}");
+    // A semaphore feeds one slot per entity: the route captures {slot} and its resource uses it.
+    let sem = |resource: &str| {
+        etcd("linearizable").replace(
+            "path_prefix = \"/orders\"\nmethods = [\"POST\"]",
+            &format!(
+                "path_pattern = \"/jobs/{{slot}}/run\"\nresource = \"{resource}\"\nsemaphore = \"jobs\""
+            ),
+        )
+    };
+    let c = Config::parse(&sem("jobs/{slot}"), Path::new("p.toml")).unwrap();
+    assert!(c.routes[0].epoch.as_ref().unwrap().fixed_key.is_none());
+    assert_eq!(
+        crate::session::slot_epoch_key("/palisade", "jobs", 3).unwrap(),
+        "/palisade/semaphore/jobs/epoch/3"
+    );
+    let (_, _, k, msg) = err(&sem("jobs"));
+    assert_eq!(k, "route[0].semaphore");
+    assert!(msg.contains("{slot}"), "{msg}");
     // One lock for every entity (one owner writes them all) is allowed.
     let c = Config::parse(&pattern("locks/all"), Path::new("p.toml")).unwrap();
     assert!(c.routes[0].epoch.as_ref().unwrap().fixed_key.is_some());

@@ -405,6 +405,7 @@ impl Validator<'_> {
                 (r.lock, crate::session::EpochOf::Lock, "lock"),
                 (r.election, crate::session::EpochOf::Election, "election"),
                 (r.rwlock, crate::session::EpochOf::RwLock, "rwlock"),
+                (r.semaphore, crate::session::EpochOf::Semaphore, "semaphore"),
             ],
             r.lock_namespace,
             (r.guard, &path, &resource, template.as_ref()),
@@ -468,11 +469,13 @@ impl Validator<'_> {
         }))
     }
 
-    /// A route's `lock`, `election` or `rwlock` and `lock_namespace` (at most one of the three).
+    /// A route's `lock`, `election`, `rwlock` or `semaphore` and `lock_namespace` (at most one
+    /// of the four). A semaphore's slot is the route pattern's `{slot}` capture, which its
+    /// resource must use too (one mark per slot, as `Permit::resource` names it).
     #[allow(clippy::type_complexity)]
     fn epoch_feed(
         &self,
-        given: [(Option<Spanned<String>>, crate::session::EpochOf, &str); 3],
+        given: [(Option<Spanned<String>>, crate::session::EpochOf, &str); 4],
         namespace: Option<Spanned<String>>,
         (guard, path, resource, template): (bool, &PathMatch, &str, Option<&ResourceTemplate>),
         marks: Option<&MarksSettings>,
@@ -486,7 +489,7 @@ impl Validator<'_> {
                 Some(ns) => Err(self.at(
                     &ns,
                     key("lock_namespace"),
-                    "only used with lock, election or rwlock",
+                    "only used with lock, election, rwlock or semaphore",
                 )),
                 None => Ok(None),
             };
@@ -495,7 +498,9 @@ impl Validator<'_> {
             return Err(self.at(
                 &other,
                 key(k2),
-                format_args!("set one of lock, election and rwlock ({k} is set already)"),
+                format_args!(
+                    "set one of lock, election, rwlock and semaphore ({k} is set already)"
+                ),
             ));
         }
         if !guard {
@@ -538,7 +543,23 @@ impl Validator<'_> {
                 ),
             ));
         }
-        let fixed_key = if parsed.is_fixed() {
+        if kind == crate::session::EpochOf::Semaphore {
+            let slot = ResourceTemplate::parse("{slot}", captures.iter().copied()).ok();
+            let per_slot = match (slot, template) {
+                (Some(slot), Some(t)) => slot.placeholders_within(t),
+                _ => false,
+            };
+            if !per_slot {
+                return Err(self.at(
+                    &name,
+                    key(k),
+                    "needs a path_pattern with a {slot} capture that the resource uses too \
+                     (e.g. path_pattern = \"/jobs/{slot}/run\", resource = \"jobs/{slot}\"): \
+                     each slot has its own epoch and its own mark",
+                ));
+            }
+        }
+        let fixed_key = if parsed.is_fixed() && kind != crate::session::EpochOf::Semaphore {
             let k_ = crate::session::epoch_key(&namespace, kind, parsed.as_str())
                 .map_err(|e| self.at(&name, key(k), e))?;
             Some(std::sync::Arc::from(k_))

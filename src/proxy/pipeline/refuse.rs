@@ -233,7 +233,20 @@ impl Proxy {
                         Some(k) => Arc::clone(k),
                         None => {
                             let name = self.fill(route, &feed.name, headers, target, t)?;
-                            match feed.key(&name) {
+                            let key = match feed.kind {
+                                crate::session::EpochOf::Semaphore => {
+                                    let Some(slot) = slot_of(route, target) else {
+                                        let why = crate::template::FillError::BadLock(
+                                            "the {slot} capture is not a slot number".to_owned(),
+                                        );
+                                        let bad = Rejection::BadResource(why);
+                                        return Err((bad, Outcome::Malformed, Some(t.get())));
+                                    };
+                                    feed.slot_key(&name, slot)
+                                }
+                                _ => feed.key(&name),
+                            };
+                            match key {
                                 Ok(k) => Arc::from(k),
                                 Err(e) => {
                                     let why = crate::template::FillError::BadLock(e.to_string());
@@ -444,6 +457,17 @@ impl Proxy {
         };
         rejection.respond(ctx, grpc.as_ref())
     }
+}
+
+/// The `{slot}` capture of a semaphore route's request, in canonical decimal only (`07` and
+/// `7` must not name two resources of one slot).
+fn slot_of(route: &Route, target: &Target<'_>) -> Option<u32> {
+    let PathMatch::Pattern(p) = &route.settings.path else {
+        return None;
+    };
+    let text = p.captures(target.key)?.get("slot")?;
+    let slot: u32 = text.parse().ok()?;
+    (slot.to_string() == text).then_some(slot)
 }
 
 /// What a resource template may read of a request besides its headers.

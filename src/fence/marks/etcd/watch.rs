@@ -153,7 +153,12 @@ impl EtcdStore {
                 for ev in resp.events() {
                     let Some(kv) = ev.kv() else { continue };
                     // Queue entries share the prefix: only epoch keys are news.
-                    if !kv.key().ends_with(b"/epoch") {
+                    let k = kv.key();
+                    let slot = k
+                        .iter()
+                        .rposition(|b| *b == b'/')
+                        .is_some_and(|i| k[..i].ends_with(b"/epoch") && i + 1 < k.len());
+                    if !k.ends_with(b"/epoch") && !slot {
                         continue;
                     }
                     let key = String::from_utf8_lossy(kv.key()).into_owned();
