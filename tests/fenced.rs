@@ -70,24 +70,34 @@ async fn env() -> Env {
     }
 }
 
-async fn session(e: &Env) -> Session {
-    let client = e.etcd.client().await;
+/// A session on `etcd` (TTL 5 s).
+async fn session(etcd: &etcd::Etcd) -> Session {
+    let client = etcd.client().await;
     EtcdProvider::new(&client)
         .session(SessionOptions::new().with_ttl(Duration::from_secs(5)))
         .await
         .unwrap()
 }
 
-/// `palisade lock NAME --fence URL -- sh -c SCRIPT` against `e`'s etcd.
-fn lock_cmd(e: &Env, fence: &str, script: &str) -> std::process::Command {
+/// `palisade SUB orders --fence URL -- sh -c SCRIPT` (`lock` or `elect`) against `e`'s etcd.
+fn hold_cmd(e: &Env, sub: &str, fence: &str, script: &str) -> std::process::Command {
     let mut c = std::process::Command::new(BIN);
-    c.args(["lock", "--endpoints", &e.etcd.endpoint(), "--fence", fence])
+    c.args([sub, "--endpoints", &e.etcd.endpoint(), "--fence", fence])
         .args(["orders", "--", "sh", "-c", script])
         .env("PALISADE", BIN)
         .env("CFG", e.dir.path().join("palisade.toml"))
         .env("D", e.dir.path())
         .stdin(std::process::Stdio::null());
     c
+}
+
+/// The token a job wrote to `path`.
+fn read_token(path: &std::path::Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 /// `palisade lock --fence` fences before the command starts: the mark is the new token, durable,
@@ -97,8 +107,9 @@ fn lock_cmd(e: &Env, fence: &str, script: &str) -> std::process::Command {
 async fn lock_with_fence_starts_the_command_only_after_the_fence_was_admitted() {
     let e = env().await;
     let url = e.proxy.url("/orders/1");
-    let out = lock_cmd(
+    let out = hold_cmd(
         &e,
+        "lock",
         &url,
         r#"echo "$PALISADE_FENCING_TOKEN" > "$D/token"; "$PALISADE" marks list --config "$CFG" > "$D/marks""#,
     )
@@ -109,11 +120,7 @@ async fn lock_with_fence_starts_the_command_only_after_the_fence_was_admitted() 
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let token: u64 = std::fs::read_to_string(e.dir.path().join("token"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let token = read_token(&e.dir.path().join("token"));
     let marks = std::fs::read_to_string(e.dir.path().join("marks")).unwrap();
     assert!(
         marks
@@ -123,26 +130,19 @@ async fn lock_with_fence_starts_the_command_only_after_the_fence_was_admitted() 
     );
     assert_eq!(e.up.log.len(), 0, "the fence never reached the upstream");
     // `elect` fences the same way, with its term's (higher) token.
-    let mut elect = lock_cmd(&e, &url, r#"echo "$PALISADE_FENCING_TOKEN" > "$D/term""#);
-    let args: Vec<_> = elect.get_args().map(ToOwned::to_owned).collect();
-    let mut elect_args = args.clone();
-    elect_args[0] = "elect".into();
-    elect = std::process::Command::new(BIN);
-    elect
-        .args(&elect_args)
-        .env("D", e.dir.path())
-        .stdin(std::process::Stdio::null());
+    let mut elect = hold_cmd(
+        &e,
+        "elect",
+        &url,
+        r#"echo "$PALISADE_FENCING_TOKEN" > "$D/term""#,
+    );
     let out = elect.output().unwrap();
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let term: u64 = std::fs::read_to_string(e.dir.path().join("term"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let term = read_token(&e.dir.path().join("term"));
     assert!(term > token);
     assert_eq!(e.proxy.marks().await["orders"], term);
     assert_eq!(e.up.log.len(), 0);
@@ -150,7 +150,9 @@ async fn lock_with_fence_starts_the_command_only_after_the_fence_was_admitted() 
     // A newer owner's token (far above any this etcd issues soon) moved the mark: the next
     // holder's fence is stale, and its command does not run.
     assert_eq!(post(&url, Some("1000000")).await.status, StatusCode::OK);
-    let out = lock_cmd(&e, &url, r#"touch "$D/ran""#).output().unwrap();
+    let out = hold_cmd(&e, "lock", &url, r#"touch "$D/ran""#)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("newer owner"), "{stderr}");
@@ -160,13 +162,13 @@ async fn lock_with_fence_starts_the_command_only_after_the_fence_was_admitted() 
     );
 
     // Nothing listens there: no answer, no command.
-    let out = lock_cmd(&e, "http://127.0.0.1:1/orders", r#"touch "$D/ran""#)
+    let out = hold_cmd(&e, "lock", "http://127.0.0.1:1/orders", r#"touch "$D/ran""#)
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(!e.dir.path().join("ran").exists());
     // An https URL is refused when the arguments are read.
-    let out = lock_cmd(&e, "https://example.invalid/x", "true")
+    let out = hold_cmd(&e, "lock", "https://example.invalid/x", "true")
         .output()
         .unwrap();
     assert!(!out.status.success());
@@ -181,7 +183,7 @@ async fn a_holder_refused_as_stale_loses_its_grant_within_that_request() {
     let e = env().await;
     for (client, path) in [(http1_client(), "/orders/1"), (h2c_client(), "/stock/1")] {
         let url = e.proxy.url(path);
-        let s = session(&e).await;
+        let s = session(&e.etcd).await;
         let grant = s.lock("orders").await.unwrap();
         let svc = StampLayer::new(grant.owner()).layer(client.clone());
         let write = || {
@@ -210,7 +212,7 @@ async fn a_holder_refused_as_stale_loses_its_grant_within_that_request() {
         );
         assert_eq!(grant.owner().fenced_by(), Some(newer));
         // The grant let go of its queue entry: the lock is free for the next owner.
-        let other = session(&e).await;
+        let other = session(&e.etcd).await;
         let next = tokio::time::timeout(Duration::from_secs(5), other.lock("orders"))
             .await
             .expect("the fenced holder's entry is let go")
@@ -230,7 +232,7 @@ async fn a_holder_refused_as_stale_loses_its_grant_within_that_request() {
 async fn lead_work_is_cancelled_when_a_write_is_refused() {
     let e = env().await;
     let url = e.proxy.url("/orders/1");
-    let s = session(&e).await;
+    let s = session(&e.etcd).await;
     let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flag = std::sync::Arc::clone(&dropped);
     let (raised_tx, raised_rx) = tokio::sync::oneshot::channel::<u64>();
@@ -302,11 +304,7 @@ async fn a_grpc_holder_refused_as_stale_is_told_and_sees_aborted_with_the_mark()
         up.addr
     );
     let proxy = support::proxy(&text, dir.path()).await;
-    let client = e.client().await;
-    let s = EtcdProvider::new(&client)
-        .session(SessionOptions::new().with_ttl(Duration::from_secs(5)))
-        .await
-        .unwrap();
+    let s = session(&e).await;
     let grant = s.lock("orders").await.unwrap();
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.addr))
         .unwrap()
@@ -832,8 +830,11 @@ async fn a_semaphore_route_fences_each_slot_from_its_new_holders_acquisition() {
         up.addr
     );
     let proxy = support::proxy(&text, dir.path()).await;
-    let e = Env2 { etcd: &etcd };
-    let (sa, sd, sb) = (e.session().await, e.session().await, e.session().await);
+    let (sa, sd, sb) = (
+        session(&etcd).await,
+        session(&etcd).await,
+        session(&etcd).await,
+    );
     let a = sa.acquire("jobs", 2).await.unwrap();
     let d = sd.acquire("jobs", 2).await.unwrap();
     assert_ne!(a.slot(), d.slot());
@@ -873,18 +874,4 @@ async fn a_semaphore_route_fences_each_slot_from_its_new_holders_acquisition() {
     )
     .await;
     assert_eq!(odd.status, StatusCode::BAD_REQUEST, "{}", odd.text());
-}
-
-struct Env2<'a> {
-    etcd: &'a etcd::Etcd,
-}
-
-impl Env2<'_> {
-    async fn session(&self) -> Session {
-        let client = self.etcd.client().await;
-        EtcdProvider::new(&client)
-            .session(SessionOptions::new().with_ttl(Duration::from_secs(5)))
-            .await
-            .unwrap()
-    }
 }

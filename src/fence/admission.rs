@@ -418,7 +418,7 @@ impl Admission {
                 let generation = self.followed.generation();
                 if !self.followed.is_fresh(resource) || token.get() > resource.mark() {
                     let watched = self.followed.follow(&self.store, epoch, resource);
-                    self.read_epoch(resource, token, epoch).await?;
+                    self.confirm_now(resource, token, Some(epoch)).await?;
                     if watched && self.followed.generation() == generation {
                         resource
                             .fed()
@@ -458,44 +458,44 @@ impl Admission {
         self.followed.unsettle();
     }
 
-    /// A confirmation round of `resource`'s stored mark and of its feeding lock's `epoch`,
-    /// learned; a token above the epoch is [`Refused::Unissued`].
-    async fn read_epoch(
+    /// A confirmation round of `resource`'s stored mark (and of its feeding lock's `epoch`,
+    /// for a resource that has one), learned: a higher mark (the new owner's acquisition, or
+    /// another replica's advance) is published and this replica's requests under older marks
+    /// are aborted at once. A token above the epoch is [`Refused::Unissued`].
+    async fn confirm_now(
         &self,
         resource: &Arc<Resource>,
         token: FencingToken,
-        epoch: &Arc<str>,
+        epoch: Option<&Arc<str>>,
     ) -> Result<(), Refused> {
         let m = self.confirm_metrics.clone();
         let read = resource
             .confirm
             .get_or_init(Arc::default)
-            .confirm(
-                &self.store,
-                &resource.name,
-                Some(epoch),
-                move |took, failed| {
-                    m.duration.observe(took.as_secs_f64());
-                    if failed {
-                        m.errors.inc();
-                    }
-                },
-            )
+            .confirm(&self.store, &resource.name, epoch, move |took, failed| {
+                m.duration.observe(took.as_secs_f64());
+                if failed {
+                    m.errors.inc();
+                }
+            })
             .await
             .map_err(|e| Refused::Unavailable {
                 token,
                 step: StoreStep::Confirm,
                 source: StoreError::Shared(e),
             })?;
-        let e = epoch_of(resource, &read, epoch, token)?;
-        let effective = read.found.mark.max(e);
+        let fed = match epoch {
+            None => None,
+            Some(key) => Some(epoch_of(resource, &read, key, token)?),
+        };
+        let effective = read.found.mark.max(fed.unwrap_or(0));
         if effective > resource.mark() {
             learn(Arc::clone(resource), effective).await;
         }
-        if token.get() > e {
-            return Err(Refused::Unissued { token, epoch: e });
+        match fed {
+            Some(e) if token.get() > e => Err(Refused::Unissued { token, epoch: e }),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     async fn admit_confirmed(
@@ -506,35 +506,7 @@ impl Admission {
         epoch: Option<&Arc<str>>,
     ) -> Result<(Admitted, Ticket), Refused> {
         if self.store.consistency() == Consistency::Linearizable {
-            let m = self.confirm_metrics.clone();
-            let read = resource
-                .confirm
-                .get_or_init(Arc::default)
-                .confirm(&self.store, &resource.name, epoch, move |took, failed| {
-                    m.duration.observe(took.as_secs_f64());
-                    if failed {
-                        m.errors.inc();
-                    }
-                })
-                .await
-                .map_err(|e| Refused::Unavailable {
-                    token,
-                    step: StoreStep::Confirm,
-                    source: StoreError::Shared(e),
-                })?;
-            let fed = match epoch {
-                None => None,
-                Some(key) => Some(epoch_of(resource, &read, key, token)?),
-            };
-            let effective = read.found.mark.max(fed.unwrap_or(0));
-            if effective > resource.mark() {
-                // The new owner's acquisition (or another replica's advance): published,
-                // and this replica's requests under older marks aborted at once.
-                learn(Arc::clone(resource), effective).await;
-            }
-            if let Some(e) = fed.filter(|e| token.get() > *e) {
-                return Err(Refused::Unissued { token, epoch: e });
-            }
+            self.confirm_now(resource, token, epoch).await?;
         }
         loop {
             match resource.mark.check(token) {
