@@ -591,3 +591,142 @@ support::on_both_paths!(
     a_later_head_over_max_header_bytes_on_a_kept_connection_gets_431,
     an_address_failing_its_health_check_gets_no_traffic_until_it_passes,
 );
+
+/// An upstream that answers every `GET /<id>` with `<id>` and then, in a write of its own, a
+/// second response nobody asked for (`400 EXTRA`), as a server does that answered early and
+/// then read the rest of a body it did not understand as a request. Once the extra response is
+/// in the socket, the id goes to `written`.
+async fn doubly_answering_upstream(written: tokio::sync::mpsc::UnboundedSender<u64>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let written = written.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    buf.drain(..end + 4);
+                    let id: u64 = head
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|p| p.trim_start_matches('/').parse().ok())
+                        .unwrap_or(0);
+                    let body = id.to_string();
+                    let answer = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if s.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let extra = "HTTP/1.1 400 Bad Request\r\ncontent-length: 5\r\n\r\nEXTRA";
+                    if s.write_all(extra.as_bytes()).await.is_err() {
+                        return;
+                    }
+                    let _ = written.send(id);
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Reads one response with a `content-length` body from `s`: its status line and body.
+async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, String) {
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if buf.len() >= end + 4 + len {
+                let status = head.lines().next().unwrap().to_owned();
+                let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + len]).to_string();
+                buf.drain(..end + 4 + len);
+                return (status, body);
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = s.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the proxy closed the client connection");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// A response the upstream sent after the one asked for, unasked, must never reach a later
+/// client: the proxy checks the socket itself before it reuses a connection (an extra
+/// response is already there before the next request is sent: the client waits for it) and
+/// closes a connection with anything pending. Several clients at once, kept-alive, so that
+/// connections change hands between them.
+async fn an_unasked_response_never_reaches_a_later_client() {
+    let (written, mut extras) = tokio::sync::mpsc::unbounded_channel();
+    let up = doubly_answering_upstream(written).await;
+    let (p, _dir) = proxy(&config(&format!("url = \"http://{up}\""), "")).await;
+    let done = Arc::new(Mutex::new(std::collections::HashSet::<u64>::new()));
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let (d, w) = (Arc::clone(&done), Arc::clone(&wake));
+    tokio::spawn(async move {
+        while let Some(id) = extras.recv().await {
+            d.lock().unwrap().insert(id);
+            w.notify_waiters();
+        }
+    });
+    let clients = (0..8u64).map(|c| {
+        let (done, wake, addr) = (Arc::clone(&done), Arc::clone(&wake), p.addr);
+        tokio::spawn(async move {
+            let mut wrong = Vec::new();
+            for i in 0..40u64 {
+                // A new client connection every ten requests: the upstream connections then
+                // move between client connections through the shared idle cache too.
+                let mut s = TcpStream::connect(addr).await.unwrap();
+                let mut buf = Vec::new();
+                for j in 0..10u64 {
+                    let id = 1 + c * 10_000 + i * 10 + j;
+                    let req = format!("GET /{id} HTTP/1.1\r\nhost: api.test\r\n\r\n");
+                    s.write_all(req.as_bytes()).await.unwrap();
+                    let (status, body) = read_response(&mut s, &mut buf).await;
+                    if !status.starts_with("http/1.1 200") || body != id.to_string() {
+                        wrong.push(format!("request {id} got {status:?} {body:?}"));
+                    }
+                    // The extra response is in the upstream connection before the next request.
+                    loop {
+                        let notified = wake.notified();
+                        if done.lock().unwrap().contains(&id) {
+                            break;
+                        }
+                        notified.await;
+                    }
+                }
+            }
+            wrong
+        })
+    });
+    let mut wrong = Vec::new();
+    for c in clients.collect::<Vec<_>>() {
+        wrong.extend(c.await.unwrap());
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of 3200 answers were another exchange's: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+}
+
+support::on_both_paths!(
+    #[flavor = "multi_thread", worker_threads = 2]
+    an_unasked_response_never_reaches_a_later_client,
+);

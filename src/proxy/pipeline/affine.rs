@@ -36,22 +36,30 @@ use tokio::time::Instant;
 use super::body::RequestBody;
 use super::dial::{DialError, Dialer};
 use super::tls::UpIo;
+use super::up_tcp::Check;
 
 /// At most this many idle connections are kept per upstream.
 const MAX_IDLE: usize = 1024;
 
-type Conn = http1::Connection<TokioIo<UpIo>, RequestBody>;
+type Conn<B> = http1::Connection<TokioIo<UpIo>, B>;
 
 /// One upstream HTTP/1.1 connection: the handle that sends requests and the future that does
-/// the I/O, which whoever holds it must poll.
-pub(super) struct UpConn {
-    sender: http1::SendRequest<RequestBody>,
-    conn: Pin<Box<Conn>>,
+/// the I/O, which whoever holds it must poll. (Generic over the request body for its tests.)
+pub(super) struct UpConn<B: hyper::body::Body + 'static = RequestBody> {
+    sender: http1::SendRequest<B>,
+    conn: Pin<Box<Conn<B>>>,
     /// The connection future returned (the upstream closed it, or it failed).
     done: bool,
+    /// Asks the socket itself, not tokio's readiness, whether anything came while idle.
+    check: Check,
 }
 
-impl UpConn {
+impl<B> UpConn<B>
+where
+    B: hyper::body::Body + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     /// Drives the connection's I/O; `true` once it ended.
     fn drive(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.done {
@@ -65,9 +73,13 @@ impl UpConn {
         self.done
     }
 
-    /// Whether the connection can take a request now, polled once with `cx`.
+    /// Whether the connection can take a request now, polled once with `cx`: bytes or a
+    /// close that reached the socket while it was idle end hyper's connection here (the
+    /// kernel is asked: `up_tcp`), so a response nobody asked for is never read as the next
+    /// request's.
     fn usable(&mut self, cx: &mut Context<'_>) -> bool {
-        !self.drive(cx) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
+        let check = self.check.clone();
+        check.now(|| !self.drive(cx)) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
     }
 }
 
@@ -210,15 +222,17 @@ pub(super) enum SendError {
 
 /// A new connection to one of the upstream's addresses.
 async fn dial(dialer: &Dialer, timeout: Duration) -> Result<UpConn, SendError> {
-    let tcp = dialer.connect(timeout).await?;
+    let io = dialer.connect(timeout).await?;
+    let check = io.check();
     let (sender, conn) = http1::Builder::new()
-        .handshake(TokioIo::new(tcp))
+        .handshake(TokioIo::new(io))
         .await
         .map_err(SendError::Handshake)?;
     Ok(UpConn {
         sender,
         conn: Box::pin(conn),
         done: false,
+        check,
     })
 }
 
@@ -351,5 +365,85 @@ impl Held {
         if !c.drive(&mut cx) && c.sender.is_ready() {
             self.home.affinity.put(&self.home.pool, c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::task::Context;
+
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::Empty;
+    use hyper::body::Body;
+    use hyper::client::conn::http1;
+    use hyper_util::rt::TokioIo;
+    use std::future::Future;
+    use tokio::net::TcpStream;
+
+    use super::super::tls::UpIo;
+    use super::super::up_tcp::UpTcp;
+    use super::UpConn;
+
+    /// hyper's idle connection, asked whether it can take a request right after the upstream
+    /// sent a response nobody asked for (before the runtime's reactor learnt of it), says no:
+    /// the next request would otherwise get that response.
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_unasked_response_makes_an_idle_connection_unusable() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tcp = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (mut upstream, _) = listener.accept().unwrap();
+        let io = UpIo::Plain(UpTcp::new(tcp));
+        let check = io.check();
+        let (sender, conn) = http1::Builder::new()
+            .handshake::<_, Empty<Bytes>>(TokioIo::new(io))
+            .await
+            .unwrap();
+        let mut c = UpConn {
+            sender,
+            conn: Box::pin(conn),
+            done: false,
+            check,
+        };
+        let served = std::thread::spawn(move || {
+            let mut head = [0u8; 1024];
+            let _ = upstream.read(&mut head).unwrap();
+            upstream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                .unwrap();
+            upstream
+        });
+        let req = Request::get("/a")
+            .header("host", "x")
+            .body(Empty::<Bytes>::new())
+            .unwrap();
+        let mut sent = std::pin::pin!(c.sender.try_send_request(req));
+        let resp = std::future::poll_fn(|cx| {
+            c.drive(cx);
+            sent.as_mut().poll(cx)
+        })
+        .await
+        .unwrap();
+        let mut body = resp.into_body();
+        let mut got = Vec::new();
+        while let Some(frame) = std::future::poll_fn(|cx| {
+            c.drive(cx);
+            std::pin::Pin::new(&mut body).poll_frame(cx)
+        })
+        .await
+        {
+            got.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(got, b"ok");
+        let mut upstream = served.join().unwrap();
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(c.usable(&mut cx), "idle with nothing pending");
+        upstream
+            .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 5\r\n\r\nEXTRA")
+            .unwrap();
+        assert!(!c.usable(&mut cx), "the unasked response is pending");
     }
 }

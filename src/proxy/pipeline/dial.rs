@@ -19,6 +19,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::tls::{HyperIo, UpIo, UpstreamTls};
+use super::up_tcp::UpTcp;
 use crate::config::{HealthCheck, UpstreamSettings};
 
 /// Why no connection could be opened.
@@ -169,10 +170,10 @@ impl Dialer {
         let tcp = TcpStream::connect((a.host.as_str(), a.port)).await?;
         let _ = tcp.set_nodelay(true);
         match &self.tls {
-            None => Ok(UpIo::Plain(tcp)),
+            None => Ok(UpIo::Plain(UpTcp::new(tcp))),
             // Boxed: a TLS handshake's state is several kilobytes, and this future is part of
             // every request's future (which hyper moves whole), TLS or not.
-            Some(tls) => Box::pin(tls.connect(&a.host, tcp)).await,
+            Some(tls) => Box::pin(tls.connect(&a.host, UpTcp::new(tcp))).await,
         }
     }
 }

@@ -19,6 +19,7 @@ mod request;
 mod rewrite;
 mod stale_log;
 mod tls;
+mod up_tcp;
 mod upgrade;
 mod upstream;
 

@@ -11,10 +11,10 @@ use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
+use super::up_tcp::{Check, UpTcp};
 use crate::config::{Protocol, UpstreamSettings};
 
 /// The TLS side of an `https` upstream.
@@ -67,7 +67,7 @@ impl UpstreamTls {
     }
 
     /// The TLS handshake on `tcp`, sending `host` as SNI and checking the certificate for it.
-    pub(super) async fn connect(&self, host: &str, tcp: TcpStream) -> io::Result<UpIo> {
+    pub(super) async fn connect(&self, host: &str, tcp: UpTcp) -> io::Result<UpIo> {
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let s = self.connector.connect(name, tcp).await?;
@@ -77,8 +77,18 @@ impl UpstreamTls {
 
 /// A connection to an upstream, plain or TLS.
 pub(super) enum UpIo {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Plain(UpTcp),
+    Tls(Box<TlsStream<UpTcp>>),
+}
+
+impl UpIo {
+    /// The handle that checks the connection's socket while hyper owns it.
+    pub(super) fn check(&self) -> Check {
+        match self {
+            UpIo::Plain(s) => s.check(),
+            UpIo::Tls(s) => s.get_ref().0.check(),
+        }
+    }
 }
 
 impl AsyncRead for UpIo {

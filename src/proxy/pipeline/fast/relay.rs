@@ -2,8 +2,9 @@
 //! (by hyper's path's own [`strip_hop_by_hop`]), then its body bytes as they are, up to where
 //! its framing says it ends.
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
+use super::super::up_tcp;
 use super::exchange::{Answer, BODY_CHUNK};
 use super::response::{Chunks, Framing, ResponseHead};
 use super::{write, After, Conn};
@@ -101,7 +102,7 @@ impl Conn {
                 while left > 0 {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
-                    match sock.tcp.read_buf(ubuf).await {
+                    match up_tcp::read_more(&sock.tcp, ubuf).await {
                         Ok(0) | Err(_) => return Err(Cut),
                         Ok(_) => {}
                     }
@@ -123,7 +124,7 @@ impl Conn {
                 while !chunks.done() {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
-                    match sock.tcp.read_buf(ubuf).await {
+                    match up_tcp::read_more(&sock.tcp, ubuf).await {
                         Ok(0) | Err(_) => return Err(Cut),
                         Ok(_) => {}
                     }
@@ -140,7 +141,7 @@ impl Conn {
                 loop {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
-                    match sock.tcp.read_buf(ubuf).await {
+                    match up_tcp::read_more(&sock.tcp, ubuf).await {
                         Ok(0) => break,
                         Err(_) => return Err(Cut),
                         Ok(_) => client.write_all(ubuf).await.map_err(|_| Cut)?,

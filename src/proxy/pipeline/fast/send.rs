@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+use super::super::up_tcp;
 use super::exchange::{Answer, Failed, BODY_CHUNK};
 use super::response::{self, Read, ResponseHead};
 use super::upstream;
@@ -173,8 +174,8 @@ impl Conn {
 }
 
 /// Reads the upstream's response head into `ubuf`, skipping interim (1xx) responses.
-async fn read_head<R: tokio::io::AsyncRead + Unpin>(
-    up: &mut R,
+async fn read_head(
+    up: &mut tokio::net::tcp::ReadHalf<'_>,
     ubuf: &mut Vec<u8>,
     head_request: bool,
     fields: &mut super::fields::FieldStore,
@@ -187,7 +188,13 @@ async fn read_head<R: tokio::io::AsyncRead + Unpin>(
             }
             Ok(Read::Partial) => {
                 ubuf.reserve(BODY_CHUNK);
-                match up.read_buf(ubuf).await {
+                let read = if ubuf.is_empty() {
+                    up.read_buf(ubuf).await
+                } else {
+                    // A head cut in two: its first part is acknowledged at once.
+                    up_tcp::read_more(up.as_ref(), ubuf).await
+                };
+                match read {
                     Ok(0) => {
                         return Err(Failed::Upstream(Rejection::UpstreamFailed(
                             "the upstream closed the connection before a response".to_owned(),

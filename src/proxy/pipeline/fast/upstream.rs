@@ -6,16 +6,15 @@
 //! fast path speaks HTTP/1.1 on the socket itself.
 
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::ReadBuf;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use super::super::affine::IdlePool;
 use super::super::dial::{DialError, Dialer};
 use super::super::tls::UpIo;
+use super::super::up_tcp;
 
 /// An upstream socket and the idle cache it goes back to.
 pub(super) struct UpSock {
@@ -83,7 +82,7 @@ pub(super) async fn dial(
 ) -> Result<UpSock, UpError> {
     match dialer.connect(timeout).await? {
         UpIo::Plain(tcp) => Ok(UpSock {
-            tcp,
+            tcp: tcp.into_stream(),
             pool: Arc::clone(pool),
             reused: false,
             idle_since: Instant::now(),
@@ -92,13 +91,8 @@ pub(super) async fn dial(
     }
 }
 
-/// Whether an idle socket is still open with nothing to read: an upstream that closed it
-/// (FIN or RST) or sent bytes nobody asked for must not get a request.
+/// Whether an idle socket is still open with nothing to read, asked of the kernel: an
+/// upstream that closed it (FIN or RST) or sent bytes nobody asked for must not get a request.
 fn open(tcp: &TcpStream) -> bool {
-    let mut one = [0u8; 1];
-    let mut buf = ReadBuf::new(&mut one);
-    let mut cx = Context::from_waker(std::task::Waker::noop());
-    // `poll_peek` registers no interest that matters here: the socket is read again by
-    // this same task before it waits on it.
-    matches!(tcp.poll_peek(&mut cx, &mut buf), Poll::Pending)
+    up_tcp::idle_and_open(tcp)
 }
