@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Memory of many entities: palisade's resident set after ENTITIES (default 10^6) distinct
 # entities were each admitted once through one templated route, with `[marks] max_cached` =
-# CACHED (default 100000) and marks in the file store. Goal (issue 22): at most 64 MiB.
+# CACHED (default 100000) and marks in the file store. Goal: at most 64 MiB.
 #
 # Method
 # - Release build, 1 worker thread, pinned to core 0; wrk (-t1, CONNS connections, default 64)

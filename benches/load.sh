@@ -26,7 +26,7 @@
 #        (`path_pattern = "/w/{id}"`, `resource = "w/{id}"`, one mark per entity, 100000
 #        entities seeded at mark 5 and all opened during a warm-up pass), both palisades sent
 #        `/w/<n>` for n cycling over the entities (a wrk script), and prints templated / fixed
-#        (issue 22's goal: >= 0.95x).
+#        (the goal: >= 0.95x).
 #        RESULTS_OUT=file benches/load.sh   also keeps every run's line there ("name conns rps
 #        p99_ms cpu_us_per_req"), for the spread behind the medians.
 # Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).

@@ -13,7 +13,7 @@
 //! with `kill -STOP` for longer than the TTL: the fourth takes over that slot with a higher
 //! token while the other two keep theirs; `kill -CONT` the stopped one and it reports that its
 //! permit is lost. Send each holder's writes to the resource of its slot (`resource=`): with
-//! the `palisade` proxy, one guarded route per slot (README, "Semaphores").
+//! the `palisade` proxy, one guarded route per slot (`docs/client.md#semaphores`).
 //!
 //! Options: `--endpoint URL` (default http://127.0.0.1:2379), `--name NAME`, `--permits N`
 //! (default 3), `--ttl SECS` (default 5), `--namespace PREFIX` (default /palisade),

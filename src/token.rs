@@ -1,4 +1,4 @@
-//! Fencing tokens and their one wire form (DESIGN 2).
+//! Fencing tokens and their one wire form (`docs/design.md#tokens`).
 //!
 //! Every party parses tokens here: the proxy, the guard middleware and the client helpers. The
 //! parser is deliberately strict, because a lenient parser is a way around the guard: if `034`,

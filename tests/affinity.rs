@@ -255,7 +255,7 @@ async fn absolute_form_requests_reach_the_upstream_in_origin_form() {
 }
 
 async fn an_upstream_connection_idle_past_idle_timeout_ms_is_closed_not_reused() {
-    // palisade's own limit (below the upstream's keep-alive timeout, as the README asks):
+    // palisade's own limit (below the upstream's keep-alive timeout, as config/palisade.toml asks):
     // a connection idle longer than `idle_timeout_ms` is never used again, whether it waited
     // with its client connection or in the upstream's idle cache.
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,5 @@
-//! `palisade lock|elect NAME -- CMD...` (issue 11, item 4): the `palisade` binary against
-//! real etcd processes, running real shell jobs.
+//! `palisade lock|elect NAME -- CMD...`: the `palisade` binary against real etcd processes,
+//! running real shell jobs.
 
 #[path = "support/etcd.rs"]
 mod etcd;

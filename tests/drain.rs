@@ -1,4 +1,4 @@
-//! Issue 12, "Must show" 1-3, end to end over loopback sockets: an advance waits for (or
+//! Drains, end to end over loopback sockets: an advance waits for (or
 //! aborts) the requests older owners still have in flight before the new owner's first request
 //! is forwarded, so an upstream never completes a lower token's request after a higher token's
 //! request reached it.
@@ -460,7 +460,7 @@ async fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Must show 1: the new owner's request waits for the old owner's body, or aborts it.
+// The new owner's request waits for the old owner's body, or aborts it.
 
 /// A (token 34, the mark) streams a 400-byte Content-Length body in four pieces 150 ms apart;
 /// B (token 51) arrives after A's first piece. With a 3 s drain time, B reaches the upstream
@@ -608,7 +608,7 @@ async fn an_old_owner_slower_than_the_drain_time_is_aborted_h2c_upstream() {
 }
 
 // ------------------------------------------------------------------------------------------
-// Must show 2: the zombie frozen mid-body, a real client process.
+// A zombie frozen mid-body, in a real client process, is drained or aborted.
 
 const CHILD_H1: &str = "PALISADE_DRAIN_ZOMBIE_H1";
 const CHILD_GRPC: &str = "PALISADE_DRAIN_ZOMBIE_GRPC";
@@ -979,7 +979,7 @@ async fn zombie_frozen_mid_body_grpc() {
 }
 
 // ------------------------------------------------------------------------------------------
-// Must show 3: many owners, random body speeds.
+// Many owners at random body speeds: no lower token completes after a higher one arrived.
 
 struct Rng(u64);
 

@@ -475,7 +475,7 @@ fn signal(child: &Holder, sig: &str) {
     assert!(ok);
 }
 
-/// Must show 1: owner A (a real `palisade lock` process) holds `orders` and writes; A is
+/// Owner A (a real `palisade lock` process) holds `orders` and writes; A is
 /// frozen (SIGSTOP) past its lease; B acquires and sends nothing; A's writes are refused at
 /// once, on both data paths, over gRPC, through two replicas, per entity for the templated
 /// lock. B's token passes; a token above it (never issued) is 403 and moves nothing.

@@ -1,4 +1,4 @@
-//! Fenced etcd transactions (issue 11, item 3), against real etcd processes: a zombie's
+//! Fenced etcd transactions, against real etcd processes: a zombie's
 //! writes to etcd fail like its HTTP writes do. The STM helper's own tests are in tests/stm.rs.
 
 #[path = "support/etcd.rs"]

@@ -1,4 +1,4 @@
-//! Regression tests for the proxy hardening (issue 6): each attack that got a stale write past
+//! Regression tests for the proxy hardening: each attack that got a stale write past
 //! a realistic configuration, sent over raw sockets (or raw HTTP/2 frames) as an attacker
 //! would, against a "legacy" upstream that behaves like Python's `BaseHTTPRequestHandler`.
 

@@ -1,4 +1,4 @@
-//! Connection limits of a real `palisade` process (issue 6, item 4): silent sockets are closed
+//! Connection limits of a real `palisade` process: silent sockets are closed
 //! after `header_read_timeout_ms`, `max_connections` accepts and closes the excess, and running
 //! out of file descriptors neither spins the accept loop nor locks new clients out for good.
 //!

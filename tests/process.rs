@@ -620,7 +620,7 @@ fn entities_config() -> String {
     )
 }
 
-/// Issue 22: `kill -9` while 32 clients advance 1000 resources, 20 times over. Every advance
+/// `kill -9` while 32 clients advance 1000 resources, 20 times over. Every advance
 /// that was answered 200 is in the store afterwards: read by `palisade marks` from the killed
 /// proxy's file, and enforced by the restarted proxy (the answered token minus one is stale).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

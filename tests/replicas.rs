@@ -1,8 +1,8 @@
 //! Several palisade replicas sharing their marks through etcd (the `etcd` mark store): real
 //! etcd processes, real `palisade` processes, a real upstream.
 //!
-//! The tests of issue 8's "Must show" 1-5 run one at a time (see [`SERIAL`]): they measure
-//! latencies and windows that two tests sharing two cores would distort.
+//! The tests that measure latencies and windows run one at a time (see [`SERIAL`]): two tests
+//! sharing two cores would distort them.
 
 mod support;
 
@@ -269,7 +269,7 @@ async fn replicas_share_marks_and_a_restarted_replica_keeps_them() {
     }
 }
 
-/// Must show 1: owner B (51) through one replica, then zombie A (34) through a random
+/// Owner B (51) through one replica, then zombie A (34) through a random
 /// replica gets 409 at once, 200 times on fresh resources, with A sometimes writing first
 /// (as the old owner it was). The upstream's log holds no 34 after a resource's 51.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,14 +429,14 @@ async fn a_fence_on_one_replica_refuses_the_old_owner_on_the_other() {
     }
 }
 
-/// One request of the race of must show 2.
+/// One request of the interleaved race below.
 #[derive(Debug, Clone, Copy)]
 struct Raced {
     token: u64,
     answer: Answer,
 }
 
-/// Must show 2: clients race interleaved, mostly increasing tokens through two linearizable
+/// Clients race interleaved, mostly increasing tokens through two linearizable
 /// replicas for 10 s. The final etcd mark is the highest admitted token, and the upstream
 /// never got a token below one that had been acknowledged before that request was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -652,7 +652,7 @@ async fn readyz(admin: SocketAddr) -> (u16, Duration) {
     (r.status.as_u16(), started.elapsed())
 }
 
-/// Must show 3: losing the leader costs at most one request timeout; losing quorum fails
+/// Losing the leader costs at most one request timeout; losing quorum fails
 /// closed within the timeout (503, nothing forwarded, `/readyz` 503); restarting the members
 /// brings both replicas back by themselves. Unguarded routes never notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -880,7 +880,7 @@ where
     out
 }
 
-/// Must show 4: replicas killed with SIGKILL right after advancing come back with every mark:
+/// Replicas killed with SIGKILL right after advancing come back with every mark:
 /// old tokens 409, current tokens 200, `/marks` lists them before any request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_restarted_with_kill_9_keeps_every_mark() {
@@ -952,7 +952,7 @@ async fn a_replica_restarted_with_kill_9_keeps_every_mark() {
     );
 }
 
-/// Must show 5: the staleness window of `cached` mode. Replica 1 advances the mark; from
+/// The staleness window of `cached` mode. Replica 1 advances the mark; from
 /// the moment its 200 arrives, replica 2 is polled with the previous token until it answers
 /// 409. 500 trials on one resource with increasing tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Semaphores with fencing, end to end (issue 11): real contender processes on a real etcd,
+//! Semaphores with fencing, end to end: real contender processes on a real etcd,
 //! the real `palisade` proxy in front of a recording upstream, one guarded route per slot.
 //!
 //! The contenders are this test binary run again as children (`PALISADE_SEM_CHILD=1` makes
@@ -369,7 +369,7 @@ fn check(lines: &[(usize, String)], seen: &[support::Seen], stopped: &[u64]) {
     );
 }
 
-/// The README's safe configuration, checked: one resource per slot, and what a client that
+/// The safe configuration of `docs/client.md#semaphores`, checked: one resource per slot, and what a client that
 /// names another slot can do. A lower token is refused (it fences only itself); a higher one
 /// is admitted and stalls that slot's current holder, never a later holder of that slot, and
 /// no mark ever goes down.

@@ -1,4 +1,4 @@
-//! The STM helper of `palisade::fenced_txn` (issue 11, item 3), against real etcd processes:
+//! The STM helper of `palisade::fenced_txn`, against real etcd processes:
 //! it reruns on conflicts, reads one snapshot, and 8 concurrent writers stay serializable.
 
 #[path = "support/etcd.rs"]

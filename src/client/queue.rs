@@ -1,4 +1,5 @@
-//! The queue every primitive is built on (DESIGN 2), written once for all providers.
+//! The queue every primitive is built on (`docs/design.md#token-derivation`), written once for
+//! all providers.
 //!
 //! A primitive `P` keeps one entry per session under `P/q/` (attached to the session's lease,
 //! ordered by create revision) and an epoch key `P/epoch`. An entry owns the primitive when no
@@ -232,7 +233,7 @@ impl Pending {
     /// its repeat: when the epoch already names our entry, written after our entry was created
     /// (only this acquisition's confirm writes that), the transaction writes nothing and the
     /// token is that write's revision. A repeat never moves the epoch past the token handed
-    /// out, so the epoch stays "the current valid token" (DESIGN 2).
+    /// out, so the epoch stays "the current valid token" (`docs/design.md#token-derivation`).
     pub(crate) async fn confirm(
         &self,
         p: &Primitive,

@@ -20,8 +20,9 @@
 //! TTL while the other N-1 keep theirs.
 //!
 //! Tokens are store revisions, shared by every slot and primitive: compare a permit's token
-//! only with the marks of its own slot's resource, named by [`Permit::resource`]. README
-//! ("Semaphores") explains why, and what a client that names another slot can and cannot do.
+//! only with the marks of its own slot's resource, named by [`Permit::resource`].
+//! `docs/client.md#semaphores` explains why, and what a client that names another slot can and
+//! cannot do.
 //!
 //! ```no_run
 //! # async fn demo(session: palisade::Session) -> Result<(), palisade::Error> {

@@ -80,7 +80,7 @@ pub enum FenceError<E> {
     Send(#[source] E),
 }
 
-/// A fence request for `token` (`x-fencing-fence: 1`, DESIGN of the proxy's fence requests):
+/// A fence request for `token` (`x-fencing-fence: 1`, `docs/design.md#fence-requests`):
 /// judged like any request on the guarded route `uri` names, answered without reaching the
 /// service behind. Use the method the route guards (often `POST`). For a gRPC route use
 /// [`grpc::fence_request`].

@@ -2,8 +2,9 @@
 //!
 //! An equal token is one atomic load. A higher token takes the resource's advance lock, checks
 //! again, makes the token durable, publishes it and only then admits (persist before forward,
-//! DESIGN 3). Advances of one resource are serialized so a lower concurrent advance loses and is
-//! re-checked; advances of different resources do not wait for each other (beyond the store).
+//! `docs/design.md#admission`). Advances of one resource are serialized so a lower concurrent
+//! advance loses and is re-checked; advances of different resources do not wait for each other
+//! (beyond the store).
 //!
 //! With a shared store (etcd, several replicas), two more things happen here:
 //! - `linearizable`: every admission first waits for a store read that started after it
@@ -345,8 +346,9 @@ impl Admission {
         }
     }
 
-    /// Decides whether `resource` admits `token` (DESIGN 3), and counts the admitted request
-    /// as in flight until the returned [`Ticket`] is dropped (see [`crate::drain`]).
+    /// Decides whether `resource` admits `token` (`docs/design.md#admission`), and counts the
+    /// admitted request as in flight until the returned [`Ticket`] is dropped (see
+    /// [`crate::drain`]).
     ///
     /// An advance persists the token, publishes it, and then waits for the requests admitted
     /// under older marks for at most `drain_timeout` before aborting them; equal-token requests

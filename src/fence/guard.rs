@@ -1,4 +1,4 @@
-//! The admission rule of DESIGN 3, pure: no I/O, no async, no locks.
+//! The admission rule (`docs/design.md#admission`), pure: no I/O, no async, no locks.
 //!
 //! A [`Watermark`] is the highest token a resource has accepted. [`Watermark::check`] classifies
 //! an incoming token; only an [`Verdict::Advance`] needs the (slow, fallible) mark store, and

@@ -1,4 +1,4 @@
-//! Prometheus metrics (names fixed by DESIGN 5).
+//! Prometheus metrics (names fixed in `docs/design.md#metrics`).
 //!
 //! Label values are resolved once, when routes and resources are known, so the request path
 //! only bumps pre-resolved atomics: no hashing, no locks.

@@ -1,4 +1,5 @@
-//! Every refusal palisade answers, and its HTTP and gRPC form, in one table (DESIGN 3).
+//! Every refusal palisade answers, and its HTTP and gRPC form, in one table
+//! (`docs/design.md#refusals`).
 //!
 //! Nothing else on the request path builds an error response: the proxy turns each failure into
 //! a [`Rejection`] and calls [`Rejection::respond`].

@@ -1,5 +1,5 @@
-//! Issue 7: the defects found from outside, one behaviour each, on both providers where it
-//! applies. Every test here failed on the code before its fix.
+//! Defects found from outside, one behaviour each, on both providers where it applies. Every
+//! test here failed on the code before its fix.
 
 use super::*;
 

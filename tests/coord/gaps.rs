@@ -1,4 +1,4 @@
-//! Issue 7's gaps against etcd's concurrency package: the leader's identity in terms, and
+//! Gaps against etcd's concurrency package: the leader's identity in terms, and
 //! resuming a term after a restart.
 
 use super::defects::next;

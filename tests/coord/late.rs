@@ -168,7 +168,8 @@ async fn term_after_the_late_copy(trap: &Trap, observer: &Session, name: &str) -
 
 /// A confirm whose first attempt is applied after its repeat's: the repeat's token is handed
 /// out, and the late first attempt must not bump the epoch again (the epoch is "the current
-/// valid token" of DESIGN 2; it moved past the holder's token before the fix).
+/// valid token" of `docs/design.md#token-derivation`; it moved past the holder's token before
+/// the fix).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_first_confirm_leaves_the_epoch_at_the_handed_out_token_on_etcd() {
     let e = etcd::Etcd::single().await;
@@ -359,7 +360,7 @@ async fn a_late_semaphore_register_during_the_hold_is_cleaned_up_on_etcd() {
     assert!(pb.token() < w.unwrap().unwrap().token());
 }
 
-/// Election: a late register put that lands after the 1 s look (a leak, as the README says)
+/// Election: a late register put that lands after the 1 s look (a leak, as `docs/client.md#guarantees` says)
 /// is adopted by the session's next campaign with the *old* value: leader()/observers report
 /// a value that campaign never asked for.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Issue 11: semaphores with fencing, on both providers. N holders at once, one per slot, each
+//! Semaphores with fencing, on both providers. N holders at once, one per slot, each
 //! slot with its own strictly increasing token; contention, expiry, cancellation and `try_*`
 //! behave as the lock's do.
 

@@ -92,8 +92,9 @@ impl EpochOf {
 }
 
 /// The epoch key of primitive `name` of `kind` in `namespace`, whose mod revision is the
-/// current owner's token (DESIGN 2): the one definition of the key layout, used by the
-/// primitives themselves and by resources that follow them (the proxy's `lock` routes).
+/// current owner's token (`docs/design.md#key-layout`): the one definition of the key layout,
+/// used by the primitives themselves and by resources that follow them (the proxy's `lock`
+/// routes).
 ///
 /// # Errors
 /// [`Error::InvalidName`] or [`Error::InvalidNamespace`], as a session would refuse them.

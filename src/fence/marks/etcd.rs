@@ -1,4 +1,5 @@
-//! Marks in etcd, shared by every proxy replica in front of the same service (DESIGN 4).
+//! Marks in etcd, shared by every proxy replica in front of the same service
+//! (`docs/design.md#durability`).
 //!
 //! Key `<prefix><resource>`, value the mark as 8 bytes big-endian, so that etcd's bytewise
 //! value compare orders marks numerically. An advance is one transaction:

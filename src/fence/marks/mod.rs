@@ -1,4 +1,5 @@
-//! Mark stores: where high-water marks live so that they survive restarts (DESIGN 4).
+//! Mark stores: where high-water marks live so that they survive restarts
+//! (`docs/design.md#durability`).
 //!
 //! A store is asked for two things: the marks of the resources a guard opens
 //! ([`MarkStore::load_named`], at start and as entities are first used), and to make one

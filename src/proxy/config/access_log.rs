@@ -1,4 +1,5 @@
-//! `[access_log]`: one line per request, off unless the table is present (DESIGN 5).
+//! `[access_log]`: one line per request, off unless the table is present
+//! (`docs/design.md#configuration-names`).
 
 use std::path::{Path, PathBuf};
 

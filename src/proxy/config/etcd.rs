@@ -1,4 +1,5 @@
-//! `[marks.etcd]`: where the shared marks live when `[marks] store = "etcd"` (DESIGN 4).
+//! `[marks.etcd]`: where the shared marks live when `[marks] store = "etcd"`
+//! (`docs/design.md#durability`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

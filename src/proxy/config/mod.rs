@@ -1,4 +1,4 @@
-//! Configuration: TOML in, validated settings out (DESIGN 5).
+//! Configuration: TOML in, validated settings out (`docs/design.md#configuration-names`).
 //!
 //! Two layers. `raw` structs mirror the file with `deny_unknown_fields`, so a typo is an error,
 //! not a silently ignored guard. [`Config::parse`] then validates them into typed settings

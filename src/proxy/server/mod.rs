@@ -93,7 +93,8 @@ pub use count::ConnHold;
 use count::Counting;
 pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
 
-/// What one listener allows a client connection (`[proxy]` keys of DESIGN 5).
+/// What one listener allows a client connection (`[proxy]` keys of
+/// `docs/design.md#configuration-names`).
 #[derive(Debug, Clone)]
 pub struct Limits {
     /// `max_connections`: open client connections; more are accepted and closed at once.
