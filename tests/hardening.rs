@@ -662,8 +662,91 @@ resource = "r"
     );
 }
 
+/// Framing that two hops could read differently is refused the same way on both data paths
+/// (as nginx does), never re-framed: a transfer coding other than `chunked` alone, `chunked`
+/// twice, two `Transfer-Encoding` fields, `Transfer-Encoding` with `Content-Length` (in
+/// either order), two `Content-Length` fields even when equal, a `Content-Length` list, and
+/// bare-LF line ends; also when the ambiguous head is not the connection's first. Nothing
+/// reaches the upstream and the connection is closed after the refusal (what follows the
+/// head is not read as a next request).
+async fn ambiguous_framing_is_refused_on_both_paths() {
+    let e = env().await;
+    let body = "3\r\nabc\r\n0\r\n\r\n";
+    let head = |fields: &str| {
+        format!(
+            "POST /orders/1 HTTP/1.1\r\nhost: h\r\nx-fencing-token: 60\r\n{fields}\r\n{body}GET /public HTTP/1.1\r\nhost: h\r\n\r\n"
+        )
+    };
+    let cases = [
+        (head("transfer-encoding: gzip, chunked\r\n"), 501),
+        (head("transfer-encoding: identity, chunked\r\n"), 501),
+        // Not ending in chunked: the length cannot be known (RFC 9112 6.3).
+        (head("transfer-encoding: identity\r\n"), 400),
+        (head("transfer-encoding: chunked, chunked\r\n"), 400),
+        (
+            head("transfer-encoding: chunked\r\ntransfer-encoding: chunked\r\n"),
+            400,
+        ),
+        (
+            head("transfer-encoding: chunked\r\ncontent-length: 14\r\n"),
+            400,
+        ),
+        (
+            head("content-length: 14\r\ntransfer-encoding: chunked\r\n"),
+            400,
+        ),
+        (head("content-length: 14\r\ncontent-length: 14\r\n"), 400),
+        (head("content-length: 14, 14\r\n"), 400),
+        (
+            "POST /orders/1 HTTP/1.1\nhost: h\nx-fencing-token: 61\ncontent-length: 0\n\n"
+                .to_owned(),
+            400,
+        ),
+        (
+            "POST /orders/1 HTTP/1.1\r\nhost: h\r\nx-fencing-token: 61\ncontent-length: 0\r\n\r\n"
+                .to_owned(),
+            400,
+        ),
+    ];
+    let before = e.exec.all().len();
+    for (bytes, want) in &cases {
+        let (status, text) = raw_response(e.proxy.addr, bytes.as_bytes()).await;
+        assert_eq!(status, *want, "{bytes:?}: {text}");
+        assert_eq!(
+            text.matches("HTTP/1.1 ").count(),
+            1,
+            "{bytes:?}: nothing after the refusal is answered: {text}"
+        );
+        assert!(
+            text.to_ascii_lowercase().contains("connection: close"),
+            "{bytes:?}: {text}"
+        );
+    }
+    assert_eq!(e.exec.all().len(), before, "none reached the upstream");
+    // After a request served on the same connection (on the fast path: after a chunked one,
+    // which hands the connection to hyper), each is refused just the same.
+    for first in [
+        "GET /public HTTP/1.1\r\nhost: h\r\n\r\n".to_owned(),
+        format!("POST /public HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n{body}"),
+    ] {
+        for (bytes, want) in &cases {
+            let served = e.exec.all().len();
+            let (status, text) =
+                raw_response(e.proxy.addr, format!("{first}{bytes}").as_bytes()).await;
+            assert_eq!(status, 200, "{text}");
+            let second = text.split("HTTP/1.1 ").nth(2).unwrap_or_default();
+            assert!(
+                second.starts_with(&want.to_string()),
+                "{bytes:?} after {first:?}: {text}"
+            );
+            assert_eq!(e.exec.all().len(), served + 1, "only the first: {text}");
+        }
+    }
+}
+
 // Every test above runs twice: on hyper's data path and on the HTTP/1.1 fast path.
 support::on_both_paths!(
+    ambiguous_framing_is_refused_on_both_paths,
     a_request_smuggled_in_a_get_body_never_reaches_the_upstream,
     unlisted_methods_are_refused_with_405_when_the_guarded_route_says_so,
     a_catch_all_listing_safe_methods_forwards_no_unlisted_method,

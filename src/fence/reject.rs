@@ -34,6 +34,10 @@ pub enum Rejection {
     /// malformed; a body on GET).
     #[error("bad request: {0}")]
     BadRequest(&'static str),
+    /// `Transfer-Encoding` names a coding other than `chunked` (`gzip, chunked`,
+    /// `identity`): palisade does not decode it and will not guess where the body ends.
+    #[error("a Transfer-Encoding other than chunked is not implemented")]
+    UnsupportedTransferCoding,
     /// A header that CGI-style upstreams read as the token header (`x_fencing_token`) on a
     /// guarded route: the upstream could see a token palisade never checked.
     #[error("the request carries a header that CGI/WSGI servers merge with the fencing token header (e.g. x_fencing_token); send the token only as the configured header")]
@@ -229,6 +233,11 @@ impl Rejection {
             }
             Rejection::BadRequest(_) => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "bad_request"),
             Rejection::TokenAlias => (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "token_alias"),
+            Rejection::UnsupportedTransferCoding => (
+                StatusCode::NOT_IMPLEMENTED,
+                UNIMPLEMENTED,
+                "unsupported_transfer_coding",
+            ),
             Rejection::AboveMaxToken { .. } => {
                 (StatusCode::BAD_REQUEST, INVALID_ARGUMENT, "token_above_max")
             }

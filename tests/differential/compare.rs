@@ -128,45 +128,8 @@ pub(crate) fn compare<'m>(
     }
 }
 
-/// Whether a request's head has framing the fast path refuses outright by design while hyper
-/// accepts it (`src/proxy/pipeline/fast/head.rs`, module docs): a bare LF line end,
-/// `Content-Length` with `Transfer-Encoding`, more than one `Content-Length`, a
-/// `Content-Length` list.
-pub(crate) fn strict_framing(req: &[u8]) -> bool {
-    let end = find(req, b"\r\n\r\n").map_or(req.len(), |e| e + 4);
-    let head = &req[..end];
-    if head
-        .iter()
-        .enumerate()
-        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
-    {
-        return true;
-    }
-    let text = String::from_utf8_lossy(head).to_ascii_lowercase();
-    let lines: Vec<&str> = text.split("\r\n").skip(1).collect();
-    let named = |n: &str| {
-        lines
-            .iter()
-            .filter(|l| l.split(':').next() == Some(n))
-            .count()
-    };
-    let cl = named("content-length");
-    cl > 1
-        || (cl == 1 && named("transfer-encoding") > 0)
-        || lines
-            .iter()
-            .any(|l| l.starts_with("content-length:") && l.contains(','))
-}
-
 /// The (c) differences, explained, made equal. Returns which were applied.
 ///
-/// - `strict-framing`: the fast path refuses a head with a bare LF, CL+TE, more than one
-///   Content-Length or a Content-Length list with its own 400 and closes the connection, by
-///   design (documented in `fast/head.rs`: smuggling vectors refused outright), where hyper
-///   accepts the head (RFC 9112 allows it: a recipient MAY take a bare LF, MUST let TE
-///   override CL, MAY take identical Content-Lengths) and re-frames it for the upstream,
-///   so hyper's path is no smuggling vector either. Accepted only when the fast path's
-///   answer is exactly that refusal, nothing reached its upstream and it closed.
 /// - `chunked-verbatim`: the fast path relays a chunked body byte for byte (chunk sizes,
 ///   extensions and trailers as the upstream sent them, `fast/relay.rs`), hyper re-chunks
 ///   the data and writes trailers only to a client that sent `TE: trailers`. The same data
@@ -205,22 +168,6 @@ pub(crate) fn strict_framing(req: &[u8]) -> bool {
 ///   closed and the answers are the same but for that field.
 pub(crate) fn normalize_pair(reqs: &[Case], a: &mut Outcome, b: &mut Outcome) -> Vec<&'static str> {
     let mut applied = Vec::new();
-    if reqs.len() == 1
-        && strict_framing(&reqs[0].bytes)
-        && a.closed
-        && a.upstream.is_empty()
-        && a.responses[0].starts_with(b"HTTP/1.1 400 Bad Request\r\n")
-        && a.responses[0].ends_with(b"\r\n\r\n")
-    {
-        *b = Outcome {
-            responses: a.responses.clone(),
-            extra: a.extra.clone(),
-            closed: a.closed,
-            upstream: a.upstream.clone(),
-        };
-        applied.push("strict-framing");
-        return applied;
-    }
     if reqs[0]
         .bytes
         .windows(14)

@@ -232,7 +232,7 @@ impl Gen {
             matches!(method.as_str(), "POST" | "PUT" | "PATCH" | "Post" | "pUt") || r.chance(10);
         if with_body || r.chance(wild * 15 / 100) {
             let k = if r.chance(wild * 25 / 100) {
-                r.below(13)
+                r.below(14)
             } else {
                 0
             };
@@ -283,7 +283,26 @@ impl Gen {
                     body = chunked(&payload);
                 }
                 11 => {
-                    headers.push("transfer-encoding: gzip, chunked".to_owned());
+                    headers.push(
+                        r.pick(&[
+                            "transfer-encoding: gzip, chunked",
+                            "transfer-encoding: identity, chunked",
+                            "transfer-encoding: chunked, chunked",
+                            "transfer-encoding: identity",
+                        ])
+                        .to_owned(),
+                    );
+                    body = chunked(&payload);
+                }
+                12 => {
+                    headers.push("transfer-encoding: chunked".to_owned());
+                    headers.push(
+                        r.pick(&[
+                            "transfer-encoding: chunked",
+                            format!("content-length: {n}").as_str(),
+                        ])
+                        .to_owned(),
+                    );
                     body = chunked(&payload);
                 }
                 _ => {

@@ -14,7 +14,9 @@ use http_body_util::Full;
 use super::body::{BodyLimit, InflightGuard};
 use super::fields::Fields;
 use super::note::Note;
-use super::request::{grpc_content_type, has_body, is_bodiless_method, request_host, RequestView};
+use super::request::{
+    framing_refusal, grpc_content_type, has_body, is_bodiless_method, request_host, RequestView,
+};
 use super::upstream::Upstream;
 use super::{Proxy, Route, Routed};
 use crate::config::GetBodies;
@@ -62,6 +64,14 @@ impl Proxy {
         note: &mut Note<'a>,
     ) -> Result<Admitted<'a>, Response<Full<Bytes>>> {
         let grpc = grpc_content_type(req.fields());
+        if let Some(why) = framing_refusal(req) {
+            let mut resp = self.refuse_unrouted(why, Outcome::Malformed, grpc, peer, req, note);
+            // Where this request's body ends is in doubt: nothing more is read from the
+            // connection.
+            resp.headers_mut()
+                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(resp);
+        }
 
         let normalized = match path::normalize(req.path()) {
             Ok(p) if self.require_nfkc_paths && !path::is_nfkc(&p) => Err(PathError::NotNfkc),

@@ -7,6 +7,7 @@ use http_body::Body;
 
 use super::fields::{same_name, Fields};
 use crate::host::{self, HostPort};
+use crate::reject::Rejection;
 
 /// A request's head as the checks read it: hyper's parsed [`Request`] on hyper's path, the
 /// client's own bytes on the fast path. Every rule of [`super::Proxy::admit`] reads a request
@@ -112,6 +113,35 @@ pub(super) fn is_bodiless_method(m: &str) -> bool {
     ["GET", "HEAD", "OPTIONS", "TRACE", "CONNECT"]
         .iter()
         .any(|b| b.eq_ignore_ascii_case(m))
+}
+
+/// A request whose `Transfer-Encoding` both data paths refuse (RFC 9112 6), as hyper hands
+/// it over: more than one `Transfer-Encoding` field or `chunked` applied twice (400), a coding
+/// palisade does not decode, such as `gzip, chunked` or `identity, chunked` (501, as RFC 9112
+/// 6.1 asks). hyper refuses itself a coding list that does not end in `chunked` and a
+/// `Content-Length` list; what hyper hides (a second `Content-Length`, one beside
+/// `Transfer-Encoding`, bare-LF line ends) is judged on the raw head by
+/// `server::framing::ambiguity`, on both paths. The fast path hands every `Transfer-Encoding`
+/// request to hyper, so this rule judges them all.
+pub(super) fn framing_refusal(req: &impl RequestView) -> Option<Rejection> {
+    let mut fields = req.fields().values(&header::TRANSFER_ENCODING);
+    let codings = fields.next()?;
+    if fields.next().is_some() {
+        return Some(Rejection::BadRequest(
+            "more than one Transfer-Encoding field",
+        ));
+    }
+    let mut chunked = 0;
+    for coding in codings.split(|b| *b == b',').map(<[u8]>::trim_ascii) {
+        if coding.eq_ignore_ascii_case(b"chunked") {
+            chunked += 1;
+        } else if !coding.is_empty() {
+            return Some(Rejection::UnsupportedTransferCoding);
+        }
+    }
+    (chunked != 1).then_some(Rejection::BadRequest(
+        "Transfer-Encoding must be chunked, once",
+    ))
 }
 
 /// Whether the request carries body bytes: a Content-Length other than 0, chunked framing,

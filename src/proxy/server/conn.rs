@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::framing::Follow;
 use super::linger::Closing;
 use super::state::{Active, Reason, State};
 use super::wake::Gate;
@@ -51,6 +52,11 @@ pub(super) struct Watched<I> {
     /// hyper shuts the socket down when it is done with the connection: a client still
     /// sending is read to its end first ([`super::linger`]).
     closing: Closing,
+    /// The HTTP/1.x messages hyper reads, followed for ambiguous framing
+    /// ([`super::framing`]).
+    follow: Follow,
+    /// Heads completed so far.
+    heads: u64,
 }
 
 impl<I> Watched<I> {
@@ -60,6 +66,8 @@ impl<I> Watched<I> {
             state,
             preface: 0,
             closing: Closing::default(),
+            follow: Follow::default(),
+            heads: 0,
         }
     }
 
@@ -90,10 +98,18 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let r = Pin::new(&mut this.io).poll_read(cx, buf);
-        if this.preface != u8::MAX && matches!(r, Poll::Ready(Ok(()))) {
+        if matches!(r, Poll::Ready(Ok(()))) {
             let filled = &buf.filled()[before..];
-            if !filled.is_empty() {
+            if this.preface != u8::MAX && !filled.is_empty() {
                 this.observe(filled);
+            }
+            // An HTTP/2 preface is no HTTP/1.x head: following stops at once there.
+            if !matches!(this.follow, Follow::Off) {
+                let found = this.follow.feed(filled);
+                if let Some(i) = found.ambiguous {
+                    this.state.ambiguous_head(this.heads + i);
+                }
+                this.heads += found.heads;
             }
         }
         r

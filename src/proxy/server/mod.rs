@@ -62,6 +62,7 @@ pub(crate) use write_through;
 
 mod conn;
 mod count;
+pub(crate) mod framing;
 mod handoff;
 mod head;
 pub(crate) mod linger;
@@ -306,11 +307,16 @@ pub async fn serve_first<H, F, B, C>(
             }
             // Boxed: hyper moves the service's future into its connection state, and the
             // future of a proxied request is kilobytes.
-            let fut = (!head::over_limit(&req, max_head))
+            // hyper hides what makes a head's framing ambiguous: its bytes were followed as
+            // hyper read them (`framing`).
+            let ambiguous =
+                req.version() <= http::Version::HTTP_11 && svc_state.next_head_is_ambiguous();
+            let fut = (!ambiguous && !head::over_limit(&req, max_head))
                 .then(|| Box::pin(handle(req, client, &svc_local)));
             async move {
                 Ok::<_, Infallible>(match fut {
                     Some(fut) => fut.await.map(|b| Counted::new(b, active)),
+                    None if ambiguous => framing::refused(),
                     None => head::refused(),
                 })
             }

@@ -30,6 +30,11 @@ pub(super) struct State {
     /// A request asked for an upgrade: the socket may go on as a tunnel, whose shutdown
     /// must not linger (a lingering read would take bytes the tunnel forwards).
     tunnel: AtomicBool,
+    /// The index of the first HTTP/1.x head on hyper's path whose framing is ambiguous
+    /// (`u64::MAX`: none), and how many heads the service was handed so far
+    /// ([`super::framing`]).
+    ambiguous: AtomicU64,
+    handed: AtomicU64,
 }
 
 /// A first handler's connection waits for a request with nothing of it read: its sentry may
@@ -62,7 +67,22 @@ impl State {
             phase: AtomicU8::new(WAITING),
             stop: AtomicBool::new(false),
             tunnel: AtomicBool::new(false),
+            ambiguous: AtomicU64::new(u64::MAX),
+            handed: AtomicU64::new(0),
         })
+    }
+
+    /// The connection's head number `index` (from 0) frames its body ambiguously.
+    pub(super) fn ambiguous_head(&self, index: u64) {
+        self.ambiguous.fetch_min(index, Ordering::Relaxed);
+    }
+
+    /// Called by the service for each HTTP/1.x request, in order: whether its head (or an
+    /// earlier one) was ambiguous, so that it is refused rather than served. hyper reads a
+    /// head through the connection's I/O before it hands the request over, so the verdict is
+    /// there by then.
+    pub(super) fn next_head_is_ambiguous(&self) -> bool {
+        self.handed.fetch_add(1, Ordering::Relaxed) >= self.ambiguous.load(Ordering::Relaxed)
     }
 
     /// A request asked for an upgrade (see [`State::may_tunnel`]).

@@ -9,8 +9,9 @@
 //!   and every head httparse refuses is handed to hyper with the connection, untouched: hyper
 //!   answers exactly as it does without the fast path;
 //! - what hyper would accept but is a smuggling vector refused outright with 400 and the
-//!   connection closed: bare LF line endings, `Content-Length` together with
-//!   `Transfer-Encoding`, more than one `Content-Length`, a `Content-Length` that is not a
+//!   connection closed: ambiguous framing by the rule both paths share
+//!   ([`framing::ambiguity`]: bare LF line endings, `Content-Length` together with
+//!   `Transfer-Encoding`, more than one `Content-Length`), a `Content-Length` that is not a
 //!   plain decimal number within `u64`;
 //! - a head larger than `max_header_bytes`, or with more than [`MAX_HEADERS`] headers, gets
 //!   431 and the connection closed, as from hyper.
@@ -25,6 +26,7 @@ use http::Version;
 use super::fields::{FieldList, FieldStore};
 use super::target;
 use crate::proxy::pipeline::request::RequestView;
+use crate::server::framing;
 
 /// hyper's own limit on request headers (its `DEFAULT_MAX_HEADERS`).
 pub(super) const MAX_HEADERS: usize = 100;
@@ -152,8 +154,9 @@ pub(super) fn parse(buf: &[u8], max: usize, store: &mut FieldStore) -> Parsed {
         // these heads too, and says so in its own words.
         Err(_) => return Parsed::HandOver,
     };
-    // httparse accepts a bare LF as a line end; an upstream or another hop may not.
-    if bare_lf(&buf[..len]) {
+    // Framing two hops could read differently: the rule both paths share (an HTTP/1.0
+    // request goes to hyper, where the same rule answers it in HTTP/1.0).
+    if req.version == Some(1) && framing::ambiguity(&buf[..len], req.headers).is_some() {
         return Parsed::Refuse(http::StatusCode::BAD_REQUEST);
     }
     match judge(&req, &buf[..len]) {
@@ -164,13 +167,6 @@ pub(super) fn parse(buf: &[u8], max: usize, store: &mut FieldStore) -> Parsed {
         Ok(None) => Parsed::HandOver,
         Err(()) => Parsed::Refuse(http::StatusCode::BAD_REQUEST),
     }
-}
-
-/// Whether any line of `head` ends in LF without CR.
-fn bare_lf(head: &[u8]) -> bool {
-    head.iter()
-        .enumerate()
-        .any(|(i, b)| *b == b'\n' && (i == 0 || head[i - 1] != b'\r'))
 }
 
 /// `Ok(None)`: for hyper; `Err`: refused with 400. `src`: the head's bytes, which `req` was
@@ -201,9 +197,7 @@ fn judge(req: &httparse::Request<'_, '_>, src: &[u8]) -> Result<Option<Head>, ()
         }
         let name = h.name.as_bytes();
         if name.eq_ignore_ascii_case(b"content-length") {
-            if length.is_some() {
-                return Err(()); // duplicate, even when equal: refused, never guessed
-            }
+            // One at most, alone (`framing::ambiguity` refused the others).
             length = Some(content_length(h.value).ok_or(())?);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             chunked = true;
@@ -213,10 +207,8 @@ fn judge(req: &httparse::Request<'_, '_>, src: &[u8]) -> Result<Option<Head>, ()
             close |= says_close(h.value);
         }
     }
-    match (chunked, length) {
-        (true, Some(_)) => return Err(()),
-        (true, None) => return Ok(None),
-        _ => {}
+    if chunked {
+        return Ok(None); // hyper decodes chunked bodies
     }
     let at = |s: &str| (s.as_ptr() as usize).wrapping_sub(src.as_ptr() as usize);
     let method_at = at(method);
