@@ -716,3 +716,61 @@ async fn every_answered_advance_survives_kill_9_during_concurrent_advances() {
         );
     }
 }
+
+#[test]
+fn check_warns_when_the_admin_listener_faces_the_network_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/config/palisade.toml"))
+            .unwrap();
+    let loopback = "listen = \"127.0.0.1:9901\"";
+    assert_eq!(
+        shipped.matches(loopback).count(),
+        1,
+        "the shipped [admin] listen"
+    );
+    let open = shipped.replace(loopback, "listen = \"0.0.0.0:9901\"");
+    let token = "a-token-for-the-check-test-31415926";
+    let run = |name: &str, text: &str, token_value: Option<&str>| {
+        let path = write(dir.path(), name, text);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_palisade"));
+        cmd.args(["check", "--config"])
+            .arg(&path)
+            .env_remove("PALISADE_ADMIN_TOKEN");
+        if let Some(v) = token_value {
+            cmd.env("PALISADE_ADMIN_TOKEN", v);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{name}: a warning is not an error: {out:?}"
+        );
+        (
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (stderr, stdout) = run("open.toml", &open, None);
+    assert!(
+        stderr.contains("warning:")
+            && stderr.contains("open.toml:")
+            && stderr.contains("admin.listen: the admin listener on 0.0.0.0:9901")
+            && stderr.contains("token_env"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("1 warnings"), "{stdout}");
+
+    let guarded = open.replacen(
+        "[admin]\n",
+        "[admin]\ntoken_env = \"PALISADE_ADMIN_TOKEN\"\n",
+        1,
+    );
+    let (stderr, stdout) = run("guarded.toml", &guarded, Some(token));
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(stdout.contains("0 warnings"), "{stdout}");
+    assert!(!stderr.contains(token) && !stdout.contains(token));
+
+    let (stderr, stdout) = run("loopback.toml", &shipped, None);
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert!(stdout.contains("0 warnings"), "{stdout}");
+}

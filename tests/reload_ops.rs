@@ -419,3 +419,232 @@ fn check_with_previous_prints_what_a_reload_would_do_with_marks() {
         "{out}"
     );
 }
+
+/// The admin token of the tests below, and a wrong one of the same length.
+const ADMIN_TOKEN: &str = "pal-admin-7f3c9e1b2d4a6f80c5e7a9b1";
+const WRONG_TOKEN: &str = "pal-admin-7f3c9e1b2d4a6f80c5e7a9b2";
+
+/// `text` with `[admin] token_env` naming `var` (on line 6 of [`A`]-based files).
+fn with_token_env(text: &str, var: &str) -> String {
+    text.replacen("[admin]\n", &format!("[admin]\ntoken_env = \"{var}\"\n"), 1)
+}
+
+/// The `palisade_config_info` series of an exposition: their digests and values.
+fn config_info(metrics: &str) -> Vec<(String, f64)> {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("palisade_config_info{digest=\""))
+        .map(|rest| {
+            let (digest, value) = rest.split_once("\"} ").unwrap();
+            (digest.to_owned(), value.trim().parse().unwrap())
+        })
+        .collect()
+}
+
+async fn post_reload(admin: SocketAddr, authorization: Option<&str>) -> support::Got {
+    let headers: Vec<(&str, &[u8])> = authorization
+        .map(|a| ("authorization", a.as_bytes()))
+        .into_iter()
+        .collect();
+    send(
+        &http1_client(),
+        Method::POST,
+        &format!("http://{admin}/reload"),
+        &headers,
+        b"",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn post_reload_needs_the_admin_bearer_token_which_never_shows_in_logs_or_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = dir.path().join("palisade.toml");
+    let var = "PALISADE_ADMIN_TOKEN";
+    write(&file, &with_token_env(&config_a(up.addr, 0), var));
+    let mut p = support::spawn_proxy_with_env(&file, &[(var, ADMIN_TOKEN)])
+        .unwrap_or_else(|(code, log)| panic!("exited {code:?}: {log}"));
+    let admin = p.admin.unwrap();
+    let base = format!("http://{}", p.addr);
+    let m = get(&format!("http://{admin}/metrics")).await.text();
+    assert_eq!(metric(&m, "palisade_ready"), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "palisade_admin_unauthorized_total"), Some(0.0));
+    let info = config_info(&m);
+    assert_eq!(info.len(), 1, "{info:?}");
+    let (digest_a, one) = info[0].clone();
+    assert_eq!((digest_a.len(), one), (64, 1.0), "{digest_a}");
+
+    // The file changes; requests without the right token change nothing.
+    write(&file, &with_token_env(&config_b(up.addr, 0), var));
+    let refusals = [
+        None,
+        Some(format!("Bearer {WRONG_TOKEN}")),
+        Some(format!("Basic {ADMIN_TOKEN}")),
+        Some(format!("Bearer {ADMIN_TOKEN}x")),
+        Some(format!("Bearer {}", &ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1])),
+    ];
+    for auth in &refusals {
+        let r = post_reload(admin, auth.as_deref()).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{auth:?}: {}", r.text());
+        let challenge = r.headers["www-authenticate"].to_str().unwrap();
+        assert!(challenge.starts_with("Bearer"), "{challenge}");
+        assert!(!r.text().contains(ADMIN_TOKEN), "{}", r.text());
+    }
+    let wrong = post_reload(admin, Some(&format!("Bearer {WRONG_TOKEN}"))).await;
+    assert!(
+        wrong.headers["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .contains("invalid_token"),
+        "{:?}",
+        wrong.headers
+    );
+    assert_eq!(
+        get(&format!("{base}/a-only/1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&format!("{base}/b-only/1")).await.status,
+        StatusCode::NOT_FOUND,
+        "not reloaded"
+    );
+    let m = get(&format!("http://{admin}/metrics")).await.text();
+    assert_eq!(
+        metric(&m, "palisade_admin_unauthorized_total"),
+        Some(refusals.len() as f64 + 1.0)
+    );
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"ok\"}"),
+        Some(0.0)
+    );
+    assert_eq!(config_info(&m), [(digest_a.clone(), 1.0)]);
+    // The reads stay open.
+    for path in ["/metrics", "/livez", "/readyz", "/marks", "/marks/orders"] {
+        let r = get(&format!("http://{admin}{path}")).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+    }
+
+    // With the token (the scheme in any case) the reload happens.
+    let done = post_reload(admin, Some(&format!("bearer {ADMIN_TOKEN}"))).await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.text());
+    assert_eq!(
+        get(&format!("{base}/b-only/1")).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        get(&format!("{base}/a-only/1")).await.status,
+        StatusCode::NOT_FOUND
+    );
+    let m = get(&format!("http://{admin}/metrics")).await.text();
+    assert_eq!(
+        metric(&m, "palisade_config_reloads_total{result=\"ok\"}"),
+        Some(1.0)
+    );
+    let info = config_info(&m);
+    assert_eq!(info.len(), 1, "one series: the file in force: {info:?}");
+    assert_ne!(info[0].0, digest_a, "another file, another digest");
+    assert_eq!(info[0].1, 1.0);
+
+    // Back to A: A's digest again, still one series.
+    write(&file, &with_token_env(&config_a(up.addr, 0), var));
+    let back = post_reload(admin, Some(&format!("Bearer {ADMIN_TOKEN}"))).await;
+    assert_eq!(back.status, StatusCode::OK, "{}", back.text());
+    let m = get(&format!("http://{admin}/metrics")).await.text();
+    assert_eq!(config_info(&m), [(digest_a.clone(), 1.0)]);
+
+    // A reload whose file names a variable that is not set is a config error at its place.
+    let unset = "PALISADE_TEST_UNSET_ADMIN_TOKEN";
+    write(&file, &with_token_env(&config_b(up.addr, 0), unset));
+    let refused = post_reload(admin, Some(&format!("Bearer {ADMIN_TOKEN}"))).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::BAD_REQUEST,
+        "{}",
+        refused.text()
+    );
+    assert!(
+        refused.text().contains(&format!(
+            "palisade.toml:6:13: admin.token_env: {unset} is not set"
+        )),
+        "{}",
+        refused.text()
+    );
+    assert_eq!(
+        get(&format!("{base}/a-only/1")).await.status,
+        StatusCode::OK,
+        "A still serves"
+    );
+    let m = get(&format!("http://{admin}/metrics")).await.text();
+    assert_eq!(config_info(&m), [(digest_a, 1.0)]);
+    assert!(!m.contains(ADMIN_TOKEN), "{m}");
+
+    // The refusals were logged (peer, method, path), the token never. Every line written so
+    // far is in the pipe; killing the process ends it.
+    let refused_line = "admin request refused: no valid bearer token ([admin] token_env)";
+    p.kill9();
+    let log: Vec<String> = std::iter::once(p.started.clone())
+        .chain(p.logs.iter())
+        .collect();
+    let log = log.join("\n");
+    assert!(
+        !log.contains(ADMIN_TOKEN),
+        "the token is in the log:\n{log}"
+    );
+    assert!(
+        !log.contains(&ADMIN_TOKEN[..ADMIN_TOKEN.len() - 1]),
+        "part of the token is in the log:\n{log}"
+    );
+    assert!(
+        log.contains(refused_line) && log.contains("\"/reload\""),
+        "{log}"
+    );
+}
+
+#[test]
+fn palisade_check_needs_the_admin_token_variable_and_never_prints_its_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let var = "PALISADE_ADMIN_TOKEN";
+    let file = dir.path().join("palisade.toml");
+    write(
+        &file,
+        &with_token_env(&config_a("127.0.0.1:9".parse().unwrap(), 0), var),
+    );
+    let check = |value: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_palisade"));
+        cmd.args(["check", "--config"]).arg(&file).env_remove(var);
+        if let Some(v) = value {
+            cmd.env(var, v);
+        }
+        let out = cmd.output().unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    let (code, out) = check(Some(ADMIN_TOKEN));
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("0 warnings"), "{out}");
+    assert!(!out.contains(ADMIN_TOKEN), "{out}");
+    let place = format!("{}:6:13: admin.token_env: {var}", file.display());
+    for (value, why) in [(None, "is not set"), (Some(""), "is empty")] {
+        let (code, out) = check(value);
+        assert_eq!(code, Some(2), "{out}");
+        assert!(out.contains(&format!("{place} {why}")), "{out}");
+    }
+    let (code, out) = check(Some(&format!("{ADMIN_TOKEN}\n")));
+    assert_eq!(code, Some(2), "{out}");
+    assert!(out.contains("trailing newline"), "{out}");
+    assert!(!out.contains(ADMIN_TOKEN), "{out}");
+
+    // `palisade run` refuses to start on it too.
+    match support::spawn_proxy_with_env(&file, &[(var, "")]) {
+        Err((code, log)) => {
+            assert_eq!(code, Some(2), "{log}");
+            assert!(log.contains("admin.token_env"), "{log}");
+        }
+        Ok(_) => panic!("palisade started with an empty admin token"),
+    }
+}

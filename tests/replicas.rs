@@ -1065,6 +1065,42 @@ async fn during_an_etcd_outage_a_refusal_says_the_confirmation_failed_and_carrie
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn palisade_ready_is_the_etcd_store_readiness_at_each_scrape() {
+    let mut etcd = etcd::Etcd::single().await;
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/ready-gauge/",
+        "linearizable",
+        &["orders".to_owned()],
+    );
+    let r = spawn_replica(dir.path(), "r.toml", &text);
+    let admin = r.admin.unwrap();
+    let scrape = || async move {
+        let m = get(&format!("http://{admin}/metrics")).await;
+        assert_eq!(m.status, 200);
+        metric(&m.text(), "palisade_ready")
+    };
+    assert_eq!(scrape().await, Some(1.0));
+    etcd.stop();
+    // No /readyz in between: the scrape itself asks the store.
+    assert_eq!(scrape().await, Some(0.0), "etcd is down");
+    assert_eq!(readyz(admin).await.0, 503);
+    etcd.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while scrape().await != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "palisade_ready stayed 0 after etcd came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(readyz(admin).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn palisade_marks_lists_and_repairs_marks_in_etcd_with_an_audit_record() {
     let etcd = etcd::Etcd::single().await;
     let dir = tempfile::tempdir().unwrap();

@@ -504,3 +504,73 @@ async fn a_reload_puts_new_certificates_in_force_for_new_connections() {
         "new connections must get the new certificate"
     );
 }
+
+/// `GET path` over a new TLS connection (HTTP/1.1) to `addr`: the status and the body.
+async fn get_tls_path(
+    addr: std::net::SocketAddr,
+    tls: Arc<ClientConfig>,
+    path: &str,
+) -> Result<(StatusCode, String), Box<dyn std::error::Error + Send + Sync>> {
+    let tcp = TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").unwrap();
+    let stream = TlsConnector::from(tls).connect(name, tcp).await?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))?;
+    let resp = send.send_request(req).await?;
+    let status = resp.status();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[tokio::test]
+async fn the_admin_listener_serves_tls_with_admin_tls_and_a_reload_renews_its_certificate() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let old = pki();
+    write_pki(dir.path(), &old);
+    let file = dir.path().join("palisade.toml");
+    let text = config(false)
+        .replace("{upstream}", "127.0.0.1:1")
+        .replace("{grpc}", "127.0.0.1:2")
+        + "[admin]\nlisten = \"127.0.0.1:0\"\n[admin.tls]\ncert = \"server.pem\"\nkey = \"server.key\"\n";
+    std::fs::write(&file, text).unwrap();
+    let proxy = support::proxy_file(&file).await;
+    let trusts_old = client_config(&old, &[b"http/1.1"], None);
+    let (status, body) = get_tls_path(proxy.admin, Arc::clone(&trusts_old), "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("palisade_ready 1"), "{body}");
+
+    // Plain HTTP gets no answer: the listener speaks TLS only.
+    let mut plain = TcpStream::connect(proxy.admin).await.unwrap();
+    plain
+        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = plain.read_to_end(&mut answer).await;
+    assert!(
+        !String::from_utf8_lossy(&answer).contains("200"),
+        "{answer:?}"
+    );
+
+    // Renewed under another CA, then a reload: new connections get the new certificate.
+    let new = pki();
+    write_pki(dir.path(), &new);
+    proxy.reloader.reload().await.unwrap();
+    let trusts_new = client_config(&new, &[b"http/1.1"], None);
+    let (status, _) = get_tls_path(proxy.admin, trusts_new, "/livez")
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        get_tls_path(proxy.admin, trusts_old, "/livez")
+            .await
+            .is_err(),
+        "new connections must get the new certificate"
+    );
+}

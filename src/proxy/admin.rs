@@ -2,33 +2,86 @@
 //! and `POST /reload`.
 //!
 //! Kept off the data path's listener so it can bind to loopback while the proxy faces clients
-//! (it binds `127.0.0.1` by default): whoever reaches it can reload the configuration.
+//! (it binds `127.0.0.1` by default). With `[admin] token_env`, every request but `GET` and
+//! `HEAD` (so `POST /reload`, and any endpoint that changes something) must carry
+//! `Authorization: Bearer <token>`; the reads stay open. A refused request changes nothing:
+//! 401 with `WWW-Authenticate: Bearer`, counted in `palisade_admin_unauthorized_total`.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
+use prometheus::{IntCounter, IntGauge, Registry};
 
 use crate::admission::Admission;
+use crate::config::AdminToken;
 use crate::metrics::Metrics;
 use crate::reload::{ReloadError, Reloader};
+
+/// The admin listener's own metric families.
+#[derive(Debug, Clone)]
+pub struct AdminMetrics {
+    /// `palisade_ready`: 1 when the mark store answered ready the last time `/readyz` or
+    /// `/metrics` asked (every scrape asks), 0 otherwise.
+    ready: IntGauge,
+    /// `palisade_admin_unauthorized_total`: requests refused for want of the bearer token.
+    unauthorized: IntCounter,
+}
+
+impl AdminMetrics {
+    /// Registers the families in `registry`.
+    ///
+    /// # Errors
+    /// When one of them is registered there already.
+    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+        let ready = IntGauge::new(
+            "palisade_ready",
+            "1 when the mark store answers ready (as /readyz does), 0 otherwise; asked at each \
+             scrape.",
+        )?;
+        let unauthorized = IntCounter::new(
+            "palisade_admin_unauthorized_total",
+            "Admin requests refused with 401: no valid bearer token ([admin] token_env).",
+        )?;
+        registry.register(Box::new(ready.clone()))?;
+        registry.register(Box::new(unauthorized.clone()))?;
+        Ok(Self {
+            ready,
+            unauthorized,
+        })
+    }
+}
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
 pub struct Admin {
     admission: Arc<Admission>,
     metrics: Metrics,
+    own: AdminMetrics,
     reloader: Option<Reloader>,
+    token: Option<AdminToken>,
+}
+
+/// Why a request did not get past the token check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unauthorized {
+    /// No `Authorization: Bearer` credential.
+    Missing,
+    /// One that is not the token (or several `Authorization` headers).
+    Invalid,
 }
 
 impl Admin {
-    /// An admin view of `admission` and `metrics`.
-    pub fn new(admission: Arc<Admission>, metrics: Metrics) -> Self {
+    /// An admin view of `admission` and `metrics`, its own families in `own`.
+    pub fn new(admission: Arc<Admission>, metrics: Metrics, own: AdminMetrics) -> Self {
         Self {
             admission,
             metrics,
+            own,
             reloader: None,
+            token: None,
         }
     }
 
@@ -39,16 +92,40 @@ impl Admin {
         self
     }
 
-    /// Answers one admin request.
-    pub async fn handle<B>(&self, req: Request<B>) -> Response<Full<Bytes>> {
+    /// Asks `token` of every request that is not a `GET` or `HEAD`.
+    #[must_use]
+    pub fn with_token(mut self, token: Option<AdminToken>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// Answers one admin request from `peer`.
+    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<Full<Bytes>> {
+        let reads = req.method() == Method::GET || req.method() == Method::HEAD;
+        if let (false, Some(token)) = (reads, &self.token) {
+            if let Err(why) = check(token, req.headers()) {
+                self.own.unauthorized.inc();
+                tracing::warn!(
+                    %peer,
+                    method = %req.method(),
+                    path = req.uri().path(),
+                    reason = ?why,
+                    "admin request refused: no valid bearer token ([admin] token_env)"
+                );
+                return unauthorized(why);
+            }
+        }
         if req.uri().path() == "/reload" {
             return self.reload(req.method()).await;
         }
-        if req.method() != Method::GET && req.method() != Method::HEAD {
+        if !reads {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
         }
         match req.uri().path() {
             "/metrics" => {
+                // Asked now, so that the scrape reads the store's readiness of this moment
+                // (bounded like /readyz: the store's own probe and request timeouts).
+                let _ = self.ready().await;
                 let mut r = text(StatusCode::OK, self.metrics.render());
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
@@ -57,7 +134,7 @@ impl Admin {
                 r
             }
             "/livez" => text(StatusCode::OK, "ok\n"),
-            "/readyz" => match self.admission.store().ready().await {
+            "/readyz" => match self.ready().await {
                 Ok(()) => text(StatusCode::OK, "ready\n"),
                 Err(e) => text(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -97,6 +174,13 @@ impl Admin {
                  /reload\n",
             ),
         }
+    }
+
+    /// The store's readiness, as `/readyz` answers it, also set in `palisade_ready`.
+    async fn ready(&self) -> Result<(), crate::marks::StoreError> {
+        let r = self.admission.store().ready().await;
+        self.own.ready.set(i64::from(r.is_ok()));
+        r
     }
 
     /// `GET /marks/<resource>` (the name percent-decoded): `{"resource", "mark", "guarded"}`.
@@ -189,6 +273,50 @@ impl Admin {
             }
         }
     }
+}
+
+/// Whether `headers` carry the one credential `Authorization: Bearer <token>` (the scheme in
+/// any case, RFC 9110 11.1).
+fn check(token: &AdminToken, headers: &HeaderMap) -> Result<(), Unauthorized> {
+    let mut all = headers.get_all(header::AUTHORIZATION).iter();
+    let (value, None) = (all.next().ok_or(Unauthorized::Missing)?, all.next()) else {
+        return Err(Unauthorized::Invalid);
+    };
+    let value = value.as_bytes();
+    let (scheme, credential) = match value.iter().position(|&b| b == b' ') {
+        Some(at) => (&value[..at], value[at..].trim_ascii()),
+        None => (value, &b""[..]),
+    };
+    if !scheme.eq_ignore_ascii_case(b"bearer") || credential.is_empty() {
+        return Err(Unauthorized::Missing);
+    }
+    if token.verify(credential) {
+        Ok(())
+    } else {
+        Err(Unauthorized::Invalid)
+    }
+}
+
+/// 401 with the challenge of RFC 6750 section 3 (`error="invalid_token"` when a token was
+/// sent). The body names the header, never the token.
+fn unauthorized(why: Unauthorized) -> Response<Full<Bytes>> {
+    let (challenge, body) = match why {
+        Unauthorized::Missing => (
+            "Bearer realm=\"palisade admin\"",
+            "unauthorized: this request needs Authorization: Bearer <token> ([admin] \
+             token_env)\n",
+        ),
+        Unauthorized::Invalid => (
+            "Bearer realm=\"palisade admin\", error=\"invalid_token\"",
+            "unauthorized: the bearer token is not the admin token\n",
+        ),
+    };
+    let mut r = text(StatusCode::UNAUTHORIZED, body);
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    r
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

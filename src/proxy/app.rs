@@ -8,9 +8,9 @@ use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
 use crate::access_log::{AccessLogError, AccessLogs};
-use crate::admin::Admin;
+use crate::admin::{Admin, AdminMetrics};
 use crate::admission::Admission;
-use crate::config::{Config, MarksSettings};
+use crate::config::{AdminToken, Config, MarksSettings};
 use crate::marks::{FileStore, MarkStore, MemoryStore, StoreError};
 use crate::metrics::Metrics;
 use crate::proxy::{Affinity, Proxy};
@@ -113,6 +113,16 @@ pub struct App {
     routes: usize,
     /// `[proxy] http1_fast_path`.
     fast_path: bool,
+    admin: AdminParts,
+}
+
+/// What the admin listener is served with.
+#[derive(Debug)]
+struct AdminParts {
+    metrics: AdminMetrics,
+    token: Option<AdminToken>,
+    /// `[admin.tls]`, replaced by reloads like the proxy listener's.
+    tls: Option<server::TlsConfig>,
 }
 
 impl App {
@@ -122,6 +132,7 @@ impl App {
     /// [`StartError`] when any of those fails; nothing is served then.
     pub async fn start(config: Config, listeners: Listeners) -> Result<Self, StartError> {
         let metrics = Metrics::new(prometheus::Registry::new())?;
+        let admin_metrics = AdminMetrics::register(metrics.registry())?;
         let access_logs = AccessLogs::new(metrics.registry())?;
         let store = open_store(&config).await?;
         let mut resources: Vec<&str> = config
@@ -159,6 +170,15 @@ impl App {
         };
         let routes = config.routes.len();
         let fast_path = p.http1_fast_path;
+        let admin = AdminParts {
+            metrics: admin_metrics,
+            token: config.admin.as_ref().and_then(|a| a.token.clone()),
+            tls: config
+                .admin
+                .as_ref()
+                .and_then(|a| a.tls.as_ref())
+                .map(|t| Arc::new(ArcSwap::new(Arc::clone(&t.server)))),
+        };
         let reloader = Reloader::new(
             Arc::clone(&current),
             config,
@@ -166,6 +186,7 @@ impl App {
             metrics.clone(),
             access_logs.clone(),
             limits.tls.clone(),
+            admin.tls.clone(),
         )?;
         Ok(Self {
             listeners,
@@ -177,6 +198,7 @@ impl App {
             limits,
             routes,
             fast_path,
+            admin,
         })
     }
 
@@ -198,25 +220,34 @@ impl App {
             limits,
             routes,
             fast_path,
+            admin: admin_parts,
         } = self;
         // The admin listener is for operators and scrapers: a few connections are plenty, and
         // its own budget means a flood of connections on the data path does not lock
         // operators out (both still share the process's file descriptors).
         let admin_limits = server::Limits {
             max_connections: 64,
-            tls: None,
+            tls: admin_parts.tls,
             ..limits.clone()
         };
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(());
         let admin_task = listeners.admin.map(|listener| {
-            let admin = Admin::new(Arc::clone(&admission), metrics.clone()).with_reloader(reloader);
+            let token = admin_parts.token;
+            tracing::info!(
+                addr = %display_addr(&listener),
+                tls = admin_limits.tls.is_some(),
+                token_env = token.as_ref().map(AdminToken::env),
+                "admin listening"
+            );
+            let admin = Admin::new(Arc::clone(&admission), metrics.clone(), admin_parts.metrics)
+                .with_reloader(reloader)
+                .with_token(token);
             let mut stop = stop_rx.clone();
-            tracing::info!(addr = %display_addr(&listener), "admin listening");
             tokio::spawn(server::serve_with(
                 listener,
-                move |req, _peer: server::Peer, _: &Arc<()>| {
+                move |req, peer: server::Peer, _: &Arc<()>| {
                     let admin = admin.clone();
-                    async move { admin.handle(req).await }
+                    async move { admin.handle(req, peer.addr).await }
                 },
                 async move {
                     let _ = stop.changed().await;

@@ -380,15 +380,26 @@ pub struct ProxyProcess {
     pub admin: Option<SocketAddr>,
     /// Its stderr lines (JSON logs) after the listening line, as they come.
     pub logs: std::sync::mpsc::Receiver<String>,
+    /// Its stderr up to and including the listening line.
+    pub started: String,
 }
 
 /// Starts `palisade run --config <path>` and waits until it reports its listening address.
 /// Returns the child's stderr text instead when it exits before listening.
 pub fn spawn_proxy(config: &Path) -> Result<ProxyProcess, (Option<i32>, String)> {
+    spawn_proxy_with_env(config, &[])
+}
+
+/// [`spawn_proxy`] with `env` added to the child's environment (tests never set their own).
+pub fn spawn_proxy_with_env(
+    config: &Path,
+    env: &[(&str, &str)],
+) -> Result<ProxyProcess, (Option<i32>, String)> {
     let config = &with_fast_path(config);
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_palisade"));
     cmd.args(["--log-format", "json", "run", "--config"])
-        .arg(config);
+        .arg(config)
+        .envs(env.iter().copied());
     spawn_command(cmd)
 }
 
@@ -453,6 +464,7 @@ fn spawn_command(mut cmd: Command) -> Result<ProxyProcess, (Option<i32>, String)
                     addr,
                     admin,
                     logs,
+                    started: seen,
                 });
             }
             _ => {}

@@ -20,6 +20,7 @@ use crate::path;
 use crate::template::{PathPattern, ResourceTemplate};
 
 mod access_log;
+mod admin;
 mod error;
 mod etcd;
 mod raw;
@@ -30,12 +31,16 @@ mod warnings;
 
 pub use crate::marks::settings::{EtcdSettings, EtcdTls, Password};
 pub use access_log::{AccessLogFormat, AccessLogSettings, AccessLogTarget};
+pub use admin::{AdminSettings, AdminToken};
 
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Where it was read from (for messages).
     pub file: PathBuf,
+    /// The SHA-256 of the file's text, 64 lower-case hex digits: `palisade_config_info{digest}`,
+    /// so that replicas running different files can be told apart.
+    pub digest: String,
     /// The data-path listener.
     pub proxy: ProxySettings,
     /// The admin listener (default `127.0.0.1:9901`); `None` with `[admin] enabled = false`.
@@ -122,13 +127,6 @@ pub struct ProxySettings {
     pub http1_fast_path: bool,
     /// `[proxy.tls]`: terminate TLS on `listen`.
     pub tls: Option<TlsSettings>,
-}
-
-/// `[admin]`.
-#[derive(Debug, Clone)]
-pub struct AdminSettings {
-    /// `listen`: `/metrics`, `/livez`, `/readyz`, `/marks`.
-    pub listen: SocketAddr,
 }
 
 /// `[fencing]`.
@@ -490,6 +488,18 @@ impl Config {
         let raw: raw::File = serde_path_to_error::deserialize(de).map_err(|e| v.serde_error(e))?;
         v.validate(raw)
     }
+}
+
+/// The SHA-256 of `text` in lower-case hex ([`Config::digest`]).
+fn digest(text: &str) -> String {
+    use std::fmt::Write;
+    let d = ring::digest::digest(&ring::digest::SHA256, text.as_bytes());
+    d.as_ref()
+        .iter()
+        .fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
 }
 
 struct Validator<'a> {

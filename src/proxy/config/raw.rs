@@ -52,6 +52,8 @@ pub(super) struct Admin {
     #[serde(default = "yes")]
     pub(super) enabled: bool,
     pub(super) listen: Option<Spanned<String>>,
+    pub(super) token_env: Option<Spanned<String>>,
+    pub(super) tls: Option<Tls>,
 }
 
 #[derive(Deserialize, Default)]

@@ -1,6 +1,7 @@
-//! `[proxy.tls]`: the listener's certificate chain and key, and optionally the CA that client
-//! certificates must chain to. The files are read and checked here, so that `palisade check`
-//! and a bad config at startup fail with the key and the reason, not at the first handshake.
+//! `[proxy.tls]` and `[admin.tls]`: a listener's certificate chain and key, and optionally the
+//! CA that client certificates must chain to. The files are read and checked here, so that
+//! `palisade check` and a bad config at startup fail with the key and the reason, not at the
+//! first handshake.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use toml::Spanned;
 
 use super::*;
 
-/// `[proxy.tls]`, with the files loaded into a ready server configuration.
+/// `[proxy.tls]` or `[admin.tls]`, with the files loaded into a ready server configuration.
 #[derive(Clone)]
 pub struct TlsSettings {
     /// `cert`: PEM certificate chain, leaf first (relative paths: to the config file).
@@ -37,16 +38,21 @@ impl std::fmt::Debug for TlsSettings {
 }
 
 impl Validator<'_> {
-    pub(super) fn tls(&self, raw: raw::Tls) -> Result<TlsSettings, ConfigError> {
+    /// The table `table` (`proxy.tls` or `admin.tls`, for messages).
+    pub(super) fn tls(&self, raw: raw::Tls, table: &str) -> Result<TlsSettings, ConfigError> {
         let base = self.file.parent().unwrap_or(Path::new(""));
         let path = |s: &Spanned<String>| base.join(s.get_ref());
         let (cert, key) = (path(&raw.cert), path(&raw.key));
-        let chain: Vec<CertificateDer<'static>> =
-            self.pem_certs(&raw.cert, &cert, "proxy.tls.cert")?;
+        let (cert_key, key_key, ca_key) = (
+            format!("{table}.cert"),
+            format!("{table}.key"),
+            format!("{table}.client_ca"),
+        );
+        let chain: Vec<CertificateDer<'static>> = self.pem_certs(&raw.cert, &cert, &cert_key)?;
         let private = PrivateKeyDer::from_pem_file(&key).map_err(|e| {
             self.at(
                 &raw.key,
-                "proxy.tls.key",
+                &key_key,
                 format_args!("{}: no usable private key: {e}", key.display()),
             )
         })?;
@@ -58,11 +64,11 @@ impl Validator<'_> {
         let builder = match (&raw.client_ca, &client_ca) {
             (Some(spanned), Some(ca)) => {
                 let mut roots = RootCertStore::empty();
-                for c in self.pem_certs(spanned, ca, "proxy.tls.client_ca")? {
+                for c in self.pem_certs(spanned, ca, &ca_key)? {
                     roots.add(c).map_err(|e| {
                         self.at(
                             spanned,
-                            "proxy.tls.client_ca",
+                            &ca_key,
                             format_args!("{}: not a usable CA certificate: {e}", ca.display()),
                         )
                     })?;
@@ -71,11 +77,7 @@ impl Validator<'_> {
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                         .build()
                         .map_err(|e| {
-                            self.at(
-                                spanned,
-                                "proxy.tls.client_ca",
-                                format_args!("{}: {e}", ca.display()),
-                            )
+                            self.at(spanned, &ca_key, format_args!("{}: {e}", ca.display()))
                         })?;
                 builder.with_client_cert_verifier(verifier)
             }
@@ -85,7 +87,7 @@ impl Validator<'_> {
             // rustls checks that the key belongs to the leaf certificate.
             self.at(
                 &raw.key,
-                "proxy.tls.key",
+                &key_key,
                 format_args!(
                     "{} does not go with the certificate {}: {e}",
                     key.display(),

@@ -16,7 +16,10 @@ impl Validator<'_> {
     pub(super) fn validate(&self, mut raw: raw::File) -> Result<Config, ConfigError> {
         let mut errors = Vec::new();
         let proxy = keep(&mut errors, self.proxy(raw.proxy));
-        let admin = keep(&mut errors, self.admin(raw.admin));
+        let (admin, admin_warnings) = match keep(&mut errors, self.admin(raw.admin)) {
+            Some((a, w)) => (Some(a), w),
+            None => (None, Vec::new()),
+        };
         let header = keep(&mut errors, self.header(raw.fencing));
         let mut retired = Vec::new();
         for (i, r) in std::mem::take(&mut raw.marks.retired)
@@ -129,9 +132,11 @@ impl Validator<'_> {
         else {
             return Err(ConfigError::collected(errors));
         };
-        let warnings = self.method_warnings(&routes, &upstreams, &spans);
+        let mut warnings = admin_warnings;
+        warnings.extend(self.method_warnings(&routes, &upstreams, &spans));
         Ok(Config {
             file: self.file.to_path_buf(),
+            digest: super::digest(self.text),
             proxy,
             admin,
             fencing: FencingSettings { header },
@@ -172,7 +177,7 @@ impl Validator<'_> {
             http1_fast_path: p.http1_fast_path,
             tls: match p.tls {
                 None => None,
-                Some(t) => Some(self.tls(t)?),
+                Some(t) => Some(self.tls(t, "proxy.tls")?),
             },
             max_header_bytes: match p.max_header_bytes {
                 None => DEFAULT_MAX_HEADER_BYTES,
@@ -185,21 +190,6 @@ impl Validator<'_> {
                 }
                 Some(m) => m.into_inner(),
             },
-        })
-    }
-
-    fn admin(&self, a: Option<raw::Admin>) -> Result<Option<AdminSettings>, ConfigError> {
-        Ok(match a {
-            None => Some(AdminSettings {
-                listen: DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
-            }),
-            Some(a) if !a.enabled => None,
-            Some(a) => Some(AdminSettings {
-                listen: match a.listen {
-                    Some(l) => self.listen(&l, "admin.listen")?,
-                    None => DEFAULT_ADMIN_LISTEN.parse().expect("valid default"),
-                },
-            }),
         })
     }
 

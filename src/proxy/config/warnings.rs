@@ -87,6 +87,32 @@ fn hosts_overlap(a: Option<&str>, b: Option<&str>) -> bool {
 }
 
 impl Validator<'_> {
+    /// A warning at byte `offset` of the file, about `key`.
+    pub(super) fn warning(
+        &self,
+        offset: usize,
+        key: impl Into<String>,
+        message: impl fmt::Display,
+    ) -> ConfigWarning {
+        let ConfigError::Invalid {
+            file,
+            line,
+            column,
+            key,
+            message,
+        } = self.error(offset, key, message)
+        else {
+            unreachable!("error() builds Invalid")
+        };
+        ConfigWarning {
+            file,
+            line,
+            column,
+            key,
+            message,
+        }
+    }
+
     /// Warns where an unguarded route forwards, to a guarded route's paths, an unsafe method
     /// the guarded route does not list (so a zombie could use it unchecked), and where an
     /// earlier unguarded route takes every request a guarded route was meant to check.
@@ -97,25 +123,8 @@ impl Validator<'_> {
         spans: &[usize],
     ) -> Vec<ConfigWarning> {
         let mut out = Vec::new();
-        let warn = |i: usize, message: String| {
-            let ConfigError::Invalid {
-                file,
-                line,
-                column,
-                key,
-                message,
-            } = self.error(spans[i], format!("route[{i}]"), message)
-            else {
-                unreachable!("error() builds Invalid")
-            };
-            ConfigWarning {
-                file,
-                line,
-                column,
-                key,
-                message,
-            }
-        };
+        let warn =
+            |i: usize, message: String| self.warning(spans[i], format!("route[{i}]"), message);
         for (i, r) in routes.iter().enumerate() {
             if !r.allow_unguarded_tunnel {
                 continue;

@@ -1,5 +1,5 @@
-//! Keys that take effect only at start: listeners, the mark store, the runtime and the
-//! connection limits of the accept loop. A reload that changes one keeps the running value
+//! Keys that take effect only at start: listeners (and the admin token), the mark store, the
+//! runtime and the connection limits of the accept loop. A reload that changes one keeps the running value
 //! and says so, instead of failing the whole reload or half-applying it.
 
 use std::fmt;
@@ -93,6 +93,19 @@ pub(super) fn keep(running: &Config, next: &mut Config) -> Vec<KeptKey> {
             .map_or_else(|| "off".to_owned(), |a| a.listen.to_string())
     };
     check("admin.listen", admin(running), admin(next));
+    // The variable's name only: its value is the token.
+    let token = |c: &Config| {
+        c.admin
+            .as_ref()
+            .and_then(|a| a.token.as_ref())
+            .map_or_else(|| "none".to_owned(), |t| format!("${}", t.env()))
+    };
+    check("admin.token_env", token(running), token(next));
+    let admin_tls = |c: &Config| {
+        let on = c.admin.as_ref().is_some_and(|a| a.tls.is_some());
+        if on { "on" } else { "off" }.to_owned()
+    };
+    check("admin.tls", admin_tls(running), admin_tls(next));
     // Only the kind is shown: etcd settings may hold a password.
     if running.marks != next.marks {
         kept.push(KeptKey {
@@ -115,7 +128,16 @@ pub(super) fn keep(running: &Config, next: &mut Config) -> Vec<KeptKey> {
     if certificates.is_some() {
         next.proxy.tls = certificates;
     }
+    // Likewise the admin listener's certificates, while its TLS stays on.
+    let admin_certificates = next
+        .admin
+        .as_mut()
+        .and_then(|a| a.tls.take())
+        .filter(|_| running.admin.as_ref().is_some_and(|a| a.tls.is_some()));
     next.admin = running.admin.clone();
+    if let (Some(admin), Some(tls)) = (next.admin.as_mut(), admin_certificates) {
+        admin.tls = Some(tls);
+    }
     next.marks = running.marks.clone();
     kept
 }

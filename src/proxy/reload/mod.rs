@@ -21,7 +21,9 @@
 //! 5. builds the new `Proxy`, carrying over unchanged upstreams with their connections and
 //!    an unchanged access log ([`Proxy::build`]), and swaps it in.
 //!
-//! Counted in `palisade_config_reloads_total{result="ok"|"error"}`.
+//! Counted in `palisade_config_reloads_total{result="ok"|"error"}`. The file in force is
+//! `palisade_config_info{digest}` (the SHA-256 of its text, [`Config::digest`]): one series,
+//! replaced when a reload succeeds.
 
 mod fixed;
 pub mod protection;
@@ -29,7 +31,7 @@ pub mod protection;
 use std::sync::Arc;
 
 use arc_swap::ArcSwap;
-use prometheus::{IntCounter, IntCounterVec, Opts};
+use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
 pub use fixed::KeptKey;
 
@@ -107,8 +109,12 @@ struct Inner {
     access_logs: AccessLogs,
     /// The listener's TLS configuration: a reload puts the re-read certificates in force.
     tls: Option<crate::server::TlsConfig>,
+    /// The admin listener's, likewise.
+    admin_tls: Option<crate::server::TlsConfig>,
     ok: IntCounter,
     error: IntCounter,
+    /// `palisade_config_info{digest}`.
+    info: IntGaugeVec,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -118,10 +124,12 @@ impl std::fmt::Debug for Reloader {
 }
 
 impl Reloader {
-    /// A reloader for the proxy in `current`, built from `config`.
+    /// A reloader for the proxy in `current`, built from `config`; `tls` and `admin_tls` are
+    /// the listeners' TLS configurations, which a reload replaces with re-read certificates.
     ///
     /// # Errors
-    /// When `palisade_config_reloads_total` is already registered in `metrics`' registry.
+    /// When `palisade_config_reloads_total` or `palisade_config_info` is already registered
+    /// in `metrics`' registry.
     pub(crate) fn new(
         current: Arc<ArcSwap<Proxy>>,
         config: Config,
@@ -129,6 +137,7 @@ impl Reloader {
         metrics: Metrics,
         access_logs: AccessLogs,
         tls: Option<crate::server::TlsConfig>,
+        admin_tls: Option<crate::server::TlsConfig>,
     ) -> prometheus::Result<Self> {
         let reloads = IntCounterVec::new(
             Opts::new(
@@ -137,17 +146,28 @@ impl Reloader {
             ),
             &["result"],
         )?;
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "palisade_config_info",
+                "The configuration file in force: 1, labelled with the SHA-256 of its text.",
+            ),
+            &["digest"],
+        )?;
         metrics.registry().register(Box::new(reloads.clone()))?;
+        metrics.registry().register(Box::new(info.clone()))?;
+        info.with_label_values(&[config.digest.as_str()]).set(1);
         Ok(Self {
             inner: Arc::new(Inner {
                 current,
                 config: tokio::sync::Mutex::new((config, Vec::new())),
                 ok: reloads.with_label_values(&["ok"]),
                 error: reloads.with_label_values(&["error"]),
+                info,
                 admission,
                 metrics,
                 access_logs,
                 tls,
+                admin_tls,
             }),
         })
     }
@@ -263,6 +283,15 @@ impl Reloader {
         i.admission.unsettle_epochs();
         if let (Some(listener), Some(tls)) = (&i.tls, &next.proxy.tls) {
             listener.store(Arc::clone(&tls.server));
+        }
+        let admin_tls = next.admin.as_ref().and_then(|a| a.tls.as_ref());
+        if let (Some(listener), Some(tls)) = (&i.admin_tls, admin_tls) {
+            listener.store(Arc::clone(&tls.server));
+        }
+        // One series: the file in force.
+        if in_force.digest != next.digest {
+            let _ = i.info.remove_label_values(&[in_force.digest.as_str()]);
+            i.info.with_label_values(&[next.digest.as_str()]).set(1);
         }
         for w in &next.warnings {
             tracing::warn!("config: {w}");
