@@ -19,6 +19,7 @@ mod request;
 mod rewrite;
 mod stale_log;
 mod tls;
+mod unread;
 mod up_tcp;
 mod upgrade;
 mod upstream;
@@ -151,7 +152,11 @@ impl Proxy {
             grpc,
         } = match self.admit(&req, peer, started, note).await {
             Ok(a) => a,
-            Err(refused) => return refused.map(Either::Right),
+            Err(refused) => {
+                // The refusal must reach a client still sending its body.
+                unread::discard(req);
+                return refused.map(Either::Right);
+            }
         };
         let too_large = limit.as_ref().map(|l| Arc::clone(&l.hit));
         let m = &route.metrics;
