@@ -730,3 +730,115 @@ support::on_both_paths!(
     #[flavor = "multi_thread", worker_threads = 2]
     an_unasked_response_never_reaches_a_later_client,
 );
+
+/// An h2c upstream that closes each connection gracefully (GOAWAY with NO_ERROR, then the
+/// last stream id it will process) after every `every` requests, as nginx does after
+/// `keepalive_requests`. Every request it processed (its `x-id`) is recorded.
+async fn rotating_h2c_upstream(every: usize) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let processed = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&processed);
+    tokio::spawn(async move {
+        loop {
+            let Ok((sock, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(sock).await else {
+                    return;
+                };
+                let mut served = 0;
+                while let Some(Ok((req, mut respond))) = conn.accept().await {
+                    let id = req
+                        .headers()
+                        .get("x-id")
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default();
+                    seen.lock().unwrap().push(id.clone());
+                    let resp = http::Response::new(());
+                    if let Ok(mut body) = respond.send_response(resp, false) {
+                        let _ = body.send_data(Bytes::from(id), true);
+                    }
+                    served += 1;
+                    if served == every {
+                        conn.graceful_shutdown();
+                    }
+                }
+                // Until every response went out.
+                let _ = std::future::poll_fn(|cx| conn.poll_closed(cx)).await;
+            });
+        }
+    });
+    (addr, processed)
+}
+
+/// An h2c upstream that rotates its connections (GOAWAY every few requests) under concurrent
+/// load: reads on streams it did not process (above the GOAWAY's last stream id, or never
+/// written on a connection it had already closed) are sent again on a new connection, so not
+/// one fails. A write is sent again only when the upstream refused its stream or hyper gave it
+/// back unwritten: h2 gives a stream the upstream did process the same GOAWAY error when the
+/// connection ends before its answer (seen here under load: a read processed twice), so a
+/// write on a GOAWAY'd stream fails with 502 rather than risk being applied twice. No write is
+/// ever processed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_upstream_rotating_its_connections_fails_no_read_and_applies_no_write_twice() {
+    let (up, processed) = rotating_h2c_upstream(7).await;
+    let text = config(&format!("url = \"http://{up}\"\nprotocol = \"h2c\""), "");
+    let (p, _dir) = proxy(&text).await;
+    let client = support::h2c_client();
+    let tasks = (0..16).map(|t| {
+        let (client, url) = (client.clone(), p.url("/items"));
+        tokio::spawn(async move {
+            let (mut failed_reads, mut failed_writes) = (Vec::new(), 0);
+            for i in 0..40 {
+                let id = format!("{t}-{i}");
+                let write = i % 4 == 3;
+                let method = if write {
+                    http::Method::POST
+                } else {
+                    http::Method::GET
+                };
+                let headers: &[(&str, &[u8])] =
+                    &[("x-id", id.as_bytes()), ("x-fencing-token", b"5")];
+                let got = support::send(&client, method, &url, headers, b"").await;
+                let ok = got.status == StatusCode::OK && got.text() == id;
+                if write && !ok {
+                    assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.text());
+                    failed_writes += 1;
+                } else if !ok {
+                    failed_reads.push(format!("{id}: {} {}", got.status, got.text()));
+                }
+            }
+            (failed_reads, failed_writes)
+        })
+    });
+    let (mut failed, mut failed_writes) = (Vec::new(), 0);
+    for t in tasks.collect::<Vec<_>>() {
+        let (reads, writes) = t.await.unwrap();
+        failed.extend(reads);
+        failed_writes += writes;
+    }
+    assert!(
+        failed.is_empty(),
+        "{} of 480 reads failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let mut ids = processed.lock().unwrap().clone();
+    ids.sort();
+    let write = |id: &str| id.rsplit('-').next().unwrap().parse::<u32>().unwrap() % 4 == 3;
+    let twice: Vec<_> = ids
+        .windows(2)
+        .filter(|w| w[0] == w[1] && write(&w[0]))
+        .map(|w| w[0].clone())
+        .collect();
+    assert!(twice.is_empty(), "writes processed twice: {twice:?}");
+    let writes = ids.iter().filter(|id| write(id)).count();
+    assert_eq!(
+        writes,
+        160 - failed_writes,
+        "every answered write was processed"
+    );
+}

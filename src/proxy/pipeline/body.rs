@@ -131,7 +131,8 @@ impl Delivered {
 /// aborts the request, the body fails at once, so the upstream never receives its end (HTTP/1.1:
 /// the connection is closed before the body is complete; HTTP/2: the stream is reset).
 pub struct RequestBody {
-    inner: Incoming,
+    /// `None`: no body (a request sent again, see [`RequestBody::none`]).
+    inner: Option<Incoming>,
     strip: Option<HeaderName>,
     flight: Option<Flight>,
     limit: Option<BodyLimit>,
@@ -147,10 +148,27 @@ impl RequestBody {
         delivered: Option<Delivered>,
     ) -> Self {
         Self {
-            inner,
+            inner: Some(inner),
             strip,
             flight: Flight::of(ticket),
             limit,
+            delivered,
+        }
+    }
+
+    /// What tells whether this body went upstream whole.
+    pub(super) fn delivered(&self) -> Option<Delivered> {
+        self.delivered.clone()
+    }
+
+    /// No body, for a bodiless request sent again (`forward`); `delivered` is told when its
+    /// head is written, as for the first send.
+    pub(super) fn none(delivered: Option<Delivered>) -> Self {
+        Self {
+            inner: None,
+            strip: None,
+            flight: None,
+            limit: None,
             delivered,
         }
     }
@@ -194,7 +212,13 @@ impl Body for RequestBody {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
-        let polled = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
+        let Some(inner) = &mut this.inner else {
+            if let Some(d) = &this.delivered {
+                d.set();
+            }
+            return Poll::Ready(None);
+        };
+        let polled = poll_fenced(Pin::new(inner), &mut this.flight, cx);
         if let Poll::Ready(Some(Err(e))) = polled {
             return Poll::Ready(Some(Err(Box::new(BodyFailed(error_chain(&*e))))));
         }
@@ -239,7 +263,7 @@ impl Body for RequestBody {
         // hyper asks when it writes the head (a request without a body is then sent whole) and
         // after each data frame (a Content-Length body's last bytes): it writes what it has and
         // stops polling, so this is where the end is handed over.
-        let end = self.inner.is_end_stream();
+        let end = self.inner.as_ref().is_none_or(Body::is_end_stream);
         if let (true, Some(d)) = (end, &self.delivered) {
             d.set();
         }
@@ -247,6 +271,8 @@ impl Body for RequestBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        self.inner
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }

@@ -80,19 +80,36 @@ pub(super) async fn forward(
             })
         }
         Via::Pooled(client) => {
+            // A bodiless request can be sent again when the upstream never processed it.
+            let again = Again::of(&req);
             // The pooled client's future is `Unpin` and owns everything: an aborted request
             // can hand it to a task of its own (see below).
             let mut pending = client.request(req);
             let call = async {
-                let r = match limit {
-                    Some(limit) => match tokio::time::timeout(limit, &mut pending).await {
-                        Ok(r) => r,
-                        Err(_) => return Err(Rejection::UpstreamTimeout(limit)),
-                    },
-                    None => (&mut pending).await,
-                };
-                r.map(|resp| (resp, None))
-                    .map_err(|e| Rejection::UpstreamFailed(error_chain(&e)))
+                let deadline = limit.map(|l| (tokio::time::Instant::now() + l, l));
+                let mut sent = 0;
+                loop {
+                    let r = match deadline {
+                        Some((at, limit)) => {
+                            match tokio::time::timeout_at(at, &mut pending).await {
+                                Ok(r) => r,
+                                Err(_) => return Err(Rejection::UpstreamTimeout(limit)),
+                            }
+                        }
+                        None => (&mut pending).await,
+                    };
+                    match r {
+                        Ok(resp) => return Ok((resp, None)),
+                        Err(e) => match again.as_ref().filter(|_| sent < MAX_RESENDS) {
+                            Some(again) if never_processed(&again.method, &e) => {
+                                tracing::debug!(error = %error_chain(&e), "the HTTP/2 upstream did not process the request (GOAWAY or REFUSED_STREAM); sending it again");
+                                sent += 1;
+                                pending = client.request(again.request());
+                            }
+                            _ => return Err(Rejection::UpstreamFailed(error_chain(&e))),
+                        },
+                    }
+                }
             };
             match abortable(call, abort).await {
                 Some(r) => Forwarded::Answered(r),
@@ -113,6 +130,72 @@ pub(super) async fn forward(
             }
         }
     }
+}
+
+/// How many times a request an HTTP/2 upstream never processed is sent again.
+const MAX_RESENDS: u32 = 3;
+
+/// What it takes to send a bodiless request again: its head.
+struct Again {
+    method: http::Method,
+    uri: http::Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+    delivered: Option<Delivered>,
+}
+
+impl Again {
+    /// `None` for a request with a body: its bytes are gone once sent, so it is sent once.
+    fn of(req: &Request<RequestBody>) -> Option<Self> {
+        use http_body::Body;
+        req.body().is_end_stream().then(|| Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+            delivered: req.body().delivered(),
+        })
+    }
+
+    fn request(&self) -> Request<RequestBody> {
+        let mut r = Request::new(RequestBody::none(self.delivered.clone()));
+        *r.method_mut() = self.method.clone();
+        *r.uri_mut() = self.uri.clone();
+        *r.version_mut() = self.version;
+        *r.headers_mut() = self.headers.clone();
+        r
+    }
+}
+
+/// Whether an HTTP/2 upstream said it did not process the request, so that sending it again
+/// cannot apply it twice (RFC 9113 8.7):
+/// - the upstream reset its stream with `REFUSED_STREAM`: any method;
+/// - the stream was above the last stream id of a GOAWAY the upstream sent (an upstream
+///   rotating its connection, as nginx does every 1000 requests), or it was never sent on a
+///   connection the upstream had already closed with GOAWAY: only for safe methods (GET, HEAD,
+///   OPTIONS, TRACE). h2 gives the same error to a stream that the upstream did process when
+///   the connection ends before its answer arrived (an upstream that closes without sending
+///   what it owes), so a write is never sent again on its word.
+///
+/// - hyper never started to write it (`canceled`: its connection closed or was not ready
+///   first): any method. hyper sends these again by itself when the connection was a reused
+///   one (`retry_canceled_requests`), not when it was new.
+fn never_processed(method: &http::Method, e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if c.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_canceled)
+        {
+            return true;
+        }
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            let refused =
+                h2.is_reset() && h2.is_remote() && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+            return refused || (h2.is_go_away() && h2.is_remote() && method.is_safe());
+        }
+        cur = c.source();
+    }
+    false
 }
 
 /// Runs `call`, or gives `None` as soon as a newer owner's drain aborts the request

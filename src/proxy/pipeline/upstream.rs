@@ -59,9 +59,10 @@ fn h2c_client(u: &UpstreamSettings, dialer: &Arc<Dialer>) -> Client<Dial, Reques
     b.timer(TokioTimer::new())
         .pool_timer(TokioTimer::new())
         .pool_idle_timeout(u.idle_timeout)
-        // An admitted request is sent at most once, even when hyper could tell it was not
-        // written before the pooled connection closed.
-        .retry_canceled_requests(false)
+        // A request hyper never started to write (its pooled connection closed first, after
+        // the upstream's GOAWAY, say) is sent on another: hyper gives it back whole, so it is
+        // still sent at most once. A stream the upstream refused is sent again in `forward`.
+        .retry_canceled_requests(true)
         .pool_max_idle_per_host(usize::MAX)
         .http2_only(true);
     b.build(connector)
