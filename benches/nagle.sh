@@ -63,6 +63,7 @@ UP=$(free_port); NODELAY=$(free_port); NGX=$(free_port)
 PATH_GET=/healthz
 
 "${LOAD_CPU[@]}" python3 deploy/compose/upstream.py "$UP" 127.0.0.1 >"$WORK/upstream.log" 2>&1 & PIDS+=($!)
+UP_PID=$!
 # The reference: the same handler, with TCP_NODELAY on its accepted sockets.
 cat >"$WORK/nodelay.py" <<'PY'
 import importlib.util, sys
@@ -74,6 +75,7 @@ upstream.Handler.disable_nagle_algorithm = True
 ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), upstream.Handler).serve_forever()
 PY
 "${LOAD_CPU[@]}" python3 "$WORK/nodelay.py" "$NODELAY" >"$WORK/nodelay.log" 2>&1 & PIDS+=($!)
+NODELAY_PID=$!
 
 cat >"$WORK/nginx.conf" <<CONF
 worker_processes 1;
@@ -98,6 +100,8 @@ CONF
 
 NAMES=(nodelay direct nginx)
 declare -A PORT=([nodelay]=$NODELAY [direct]=$UP [nginx]=$NGX)
+declare -A PID=([nodelay]=$NODELAY_PID [direct]=$UP_PID [nginx]=$!)
+declare -A LOG=([nodelay]=$WORK/nodelay.log [direct]=$WORK/upstream.log [nginx]=$WORK/nginx.err)
 declare -A LABEL=([nodelay]="upstream direct, Nagle off" [direct]="upstream direct" [nginx]="nginx keepalive 16")
 
 # One palisade per binary and data path, each in its own directory (marks file, lock).
@@ -133,12 +137,24 @@ path_prefix = "/"
 guard = false
 CONF
     RUST_LOG=warn "${PROXY_CPU[@]}" "$bin" run --config "$WORK/$name/palisade.toml" 2>"$WORK/$name/palisade.log" & PIDS+=($!)
-    PORT[$name]=$listen
+    PID[$name]=$!; PORT[$name]=$listen; LOG[$name]=$WORK/$name/palisade.log
     LABEL[$name]="$base, $path path"
     NAMES+=("$name")
   done
 done
-for name in "${NAMES[@]}"; do wait_port "${PORT[$name]}"; done
+# Waits (30 s at most: debug builds on a busy machine start slowly) until $1 listens; says
+# why not when its process ended.
+wait_up() {
+  for _ in $(seq 600); do
+    (echo >"/dev/tcp/127.0.0.1/${PORT[$1]}") 2>/dev/null && return
+    if ! kill -0 "${PID[$1]}" 2>/dev/null; then
+      echo "${LABEL[$1]} exited before listening on ${PORT[$1]}:" >&2; cat "${LOG[$1]}" >&2; exit 1
+    fi
+    sleep 0.05
+  done
+  echo "${LABEL[$1]}: nothing listens on port ${PORT[$1]}" >&2; cat "${LOG[$1]}" >&2; exit 1
+}
+for name in "${NAMES[@]}"; do wait_up "$name"; done
 
 # wrk's latency percentile $1 (50, 99, ...) in ms, from its --latency output on stdin.
 pct_ms() {

@@ -43,7 +43,9 @@
 //! ["etcd"]` and compiles no HTTP server, configuration or metrics; `layer` adds the guard as
 //! a tower layer; `etcd-tls` adds TLS to etcd; `grpc` adds gRPC metadata helpers;
 //! `object-store` adds [`objstore`] (bring your own `object_store` backend) and
-//! `object-store-aws` the same with object_store's S3 client.
+//! `object-store-aws` the same with object_store's S3 client; `metrics` reports what the
+//! process holds (held, leader, acquisitions, losses by reason, renewals, lease left) through
+//! the `metrics` facade, to the exporter the application installs.
 
 pub mod client;
 #[cfg(feature = "fence")]

@@ -32,6 +32,7 @@ fn features() -> Vec<&'static str> {
         ("etcd-tls", cfg!(feature = "etcd-tls")),
         ("grpc", cfg!(feature = "grpc")),
         ("layer", cfg!(feature = "layer")),
+        ("metrics", cfg!(feature = "metrics")),
         ("object-store", cfg!(feature = "object-store")),
         ("object-store-aws", cfg!(feature = "object-store-aws")),
     ];

@@ -456,3 +456,154 @@ while :; do sleep 0.05; done"#;
         "no third term after SIGTERM"
     );
 }
+
+/// A free loopback port, for a process that takes its address on the command line.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET /metrics` at `addr`: the body, or `None` while nothing answers there.
+async fn scrape(addr: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: palisade\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer).await.ok()?;
+    let answer = String::from_utf8(answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n")?;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    Some(body.to_owned())
+}
+
+/// The value of `series` (name and labels exactly as rendered) in a scrape.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        let value = l.strip_prefix(series)?.strip_prefix(' ')?;
+        Some(value.trim().parse().unwrap())
+    })
+}
+
+/// Scrapes `addr` until `series` reads `want`; returns that scrape.
+async fn scrape_until(addr: &str, series: &str, want: f64, within: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        let text = scrape(addr).await;
+        if let Some(t) = &text {
+            if sample(t, series) == Some(want) {
+                return t.clone();
+            }
+        }
+        assert!(
+            started.elapsed() < within,
+            "{series} not {want} at {addr} within {within:?}; last scrape:\n{}",
+            text.unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_addr_serves_the_hold_and_a_revoked_lease_as_a_loss_while_palisade_stays_up() {
+    use palisade::provider::etcd::EtcdProvider;
+    use palisade::{LockService, Provider, SessionOptions};
+
+    let etcd = etcd::Etcd::single().await;
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    // --recampaign: after its loss palisade queues again instead of exiting, and keeps serving.
+    let mut p = palisade(
+        "lock",
+        &etcd,
+        "/cli-metrics",
+        &[
+            "--ttl",
+            "5",
+            "--grace",
+            "1s",
+            "--recampaign",
+            "--metrics-addr",
+            &addr,
+        ],
+        "m",
+        dir.path(),
+        r#"echo "started $PALISADE_LEASE_ID" >> "$LOG"; exec sleep 60"#,
+    )
+    .spawn()
+    .unwrap();
+    let held = r#"palisade_owner_held{name="m"}"#;
+    let acquisitions = r#"palisade_owner_acquisitions_total{name="m"}"#;
+    let revoked = r#"palisade_owner_losses_total{name="m",reason="revoked"}"#;
+    let lease_left = "palisade_session_lease_remaining_seconds";
+    let text = scrape_until(&addr, held, 1.0, Duration::from_secs(10)).await;
+    assert_eq!(sample(&text, acquisitions), Some(1.0), "{text}");
+    assert_eq!(sample(&text, revoked), Some(0.0), "{text}");
+    assert!(
+        sample(&text, lease_left).is_some_and(|s| s > 0.0 && s <= 5.0),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"palisade_owner_acquire_seconds_bucket{name="m",le="+Inf"} 1"#),
+        "a histogram with buckets: {text}"
+    );
+    wait_for_log(dir.path(), "started", Duration::from_secs(10)).await;
+    let lease = log(dir.path())
+        .lines()
+        .find_map(|l| l.strip_prefix("started "))
+        .map(|hex| i64::from_str_radix(hex, 16).unwrap())
+        .unwrap();
+
+    // This test's own session queues behind palisade: once palisade's lease is gone the lock
+    // is this test's, and palisade, campaigning again, waits behind it (held stays 0).
+    let mut client = etcd.client().await;
+    let s = EtcdProvider::new(&client)
+        .session(SessionOptions::new().with_namespace("/cli-metrics"))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        let grant = s.lock("m").await.unwrap();
+        (s, grant)
+    });
+    let started = Instant::now();
+    while etcd.keys("/cli-metrics/lock/m/q/").await.len() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the test queues"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    client.lease_revoke(lease).await.unwrap();
+    let text = scrape_until(&addr, revoked, 1.0, Duration::from_secs(10)).await;
+    assert_eq!(sample(&text, held), Some(0.0), "{text}");
+    assert_eq!(sample(&text, acquisitions), Some(1.0), "{text}");
+    for reason in ["expired", "fenced", "closed", "error"] {
+        let series = format!(r#"palisade_owner_losses_total{{name="m",reason="{reason}"}}"#);
+        assert_eq!(sample(&text, &series), Some(0.0), "{series}:\n{text}");
+    }
+    assert!(p.try_wait().unwrap().is_none(), "palisade is still up");
+    let (s, grant) = waiting.await.unwrap();
+
+    // Let go: palisade holds the name again under a new session, on the same endpoint.
+    grant.unlock().await.unwrap();
+    let text = scrape_until(&addr, held, 1.0, Duration::from_secs(10)).await;
+    assert_eq!(sample(&text, acquisitions), Some(2.0), "{text}");
+    assert_eq!(sample(&text, revoked), Some(1.0), "{text}");
+    assert!(
+        sample(&text, lease_left).is_some_and(|s| s > 0.0),
+        "the new session's lease: {text}"
+    );
+    s.close().await.unwrap();
+    kill("-TERM", p.id());
+    let status = wait_exit(&mut p, Duration::from_secs(5)).await;
+    assert_eq!(status.code(), Some(143), "{status}\n{}", log(dir.path()));
+}

@@ -12,6 +12,9 @@ mod gaps;
 mod late;
 #[path = "support/netcut.rs"]
 mod netcut;
+#[cfg(feature = "metrics")]
+#[path = "coord/owner_metrics.rs"]
+mod owner_metrics;
 #[path = "coord/semaphore.rs"]
 mod semaphore;
 

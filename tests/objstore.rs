@@ -348,3 +348,75 @@ async fn the_same_elector_may_campaign_again_as_soon_as_release_returns() {
         assert_eq!(token.unwrap(), expected);
     }
 }
+
+/// Owner metrics (feature `metrics`) of object-store terms: a leadership is held and led
+/// until it ends, and its end is counted by reason.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_term_is_held_and_led_and_its_end_is_counted_displaced_expired_or_released() {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let m = recorder.handle();
+    let sample = |series: &str| {
+        m.render().lines().find_map(|l| {
+            let value = l.strip_prefix(series)?.strip_prefix(' ')?;
+            Some(value.trim().parse::<f64>().unwrap())
+        })
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    // This thread's recorder: every task of the paused runtime runs on it.
+    ::metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let memory = memory();
+            let faulty = Faulty::new(memory.clone());
+            let a = elector(&(Arc::new(faulty.clone()) as Arc<dyn ObjectStore>), "a").await;
+            let losses = |reason: &str| {
+                sample(&format!(
+                    r#"palisade_owner_losses_total{{name="job",reason="{reason}"}}"#
+                ))
+            };
+
+            // Someone replaces the record: the term is displaced, `revoked`.
+            let mut leadership = a.campaign("job").await.unwrap();
+            assert_eq!(sample(r#"palisade_owner_held{name="job"}"#), Some(1.0));
+            assert_eq!(sample(r#"palisade_owner_leader{name="job"}"#), Some(1.0));
+            crashed_leader(&memory, "job", 5, 2000).await;
+            assert_eq!(leadership.loss_signal().wait().await, LossReason::Displaced);
+            assert_eq!(losses("revoked"), Some(1.0));
+            assert_eq!(sample(r#"palisade_owner_held{name="job"}"#), Some(0.0));
+            assert_eq!(sample(r#"palisade_owner_leader{name="job"}"#), Some(0.0));
+            // The release of an ended term is no second loss (and gives the name up).
+            assert!(leadership.release().await.is_err());
+
+            // Cut off from the store: no renewal lands, `expired`.
+            let mut leadership = a.campaign("job").await.unwrap();
+            assert_eq!(sample(r#"palisade_owner_held{name="job"}"#), Some(1.0));
+            faulty.set(Fault::Down);
+            assert_eq!(leadership.loss_signal().wait().await, LossReason::Expired);
+            // The signal sees the deadline pass on its own; the term's task counts it then.
+            let since = Instant::now();
+            while losses("expired") != Some(1.0) {
+                assert!(since.elapsed() < TTL, "{:?}", m.render());
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(sample(r#"palisade_owner_held{name="job"}"#), Some(0.0));
+            faulty.set(Fault::None);
+            assert!(leadership.release().await.is_err());
+
+            // Released on purpose: `closed`.
+            let mut leadership = a.campaign("job").await.unwrap();
+            leadership.release().await.unwrap();
+            assert_eq!(losses("closed"), Some(1.0));
+            assert_eq!(sample(r#"palisade_owner_held{name="job"}"#), Some(0.0));
+            assert_eq!(
+                sample(r#"palisade_owner_acquisitions_total{name="job"}"#),
+                Some(3.0)
+            );
+            assert_eq!(losses("fenced"), Some(0.0));
+            assert_eq!(losses("error"), Some(0.0));
+        })
+    });
+}

@@ -8,6 +8,8 @@ pub mod error;
 #[cfg(feature = "etcd")]
 pub mod fenced_txn;
 pub mod lock;
+#[cfg(feature = "metrics")]
+pub(crate) mod metrics;
 #[cfg(feature = "object-store")]
 pub mod objstore;
 pub mod owner;

@@ -204,6 +204,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Dropping the last handle stops the keepalive; the lease then expires by its TTL.
         self.keepalive.abort();
+        // Let go on purpose, like a close: no lease is kept any more (a lost one stays lost).
+        #[cfg(feature = "metrics")]
+        self.liveness.metrics.closed();
     }
 }
 

@@ -30,6 +30,11 @@
 //!   the lease revoked.
 //! - CMD never outlives palisade: a watchdog process ([`watchdog`]) kills CMD's group when
 //!   palisade dies, `kill -9` and the OOM killer included.
+//! - With `--metrics-addr ADDR`, the owner metrics of the client library (feature `metrics`:
+//!   held, leader, acquisitions, losses by reason, renew failures, lease left) are served as
+//!   Prometheus text on `GET /metrics` (`src/proxy/hold_cli/metrics.rs`). Without
+//!   `--recampaign` palisade exits soon after a loss, so a scrape sees the loss only if it
+//!   comes during the grace.
 //! - With `--recampaign`, a loss is not the end: once CMD is stopped, palisade starts a new
 //!   session (waiting for etcd to come back, with backoff), campaigns (or locks) again and
 //!   runs CMD again under the new token. SIGINT or SIGTERM ends it; SIGHUP, SIGUSR1 and
@@ -38,6 +43,7 @@
 //! The fencing token is what keeps the resource safe; the SIGTERM only stops a job that can
 //! no longer write anyway, and it can come late (palisade itself frozen, for example).
 
+mod metrics;
 mod signals;
 pub mod watchdog;
 
@@ -101,6 +107,12 @@ pub struct HoldArgs {
     /// go; any other answer, or none within 5 s, stops palisade before CMD runs.
     #[arg(long = "fence", value_name = "URL", value_parser = parse_fence_url)]
     pub fence: Vec<http::Uri>,
+    /// Serve this process's owner metrics as Prometheus text on `GET /metrics` at this
+    /// address (e.g. `127.0.0.1:9902`), from start to exit: palisade_owner_held, _leader,
+    /// _acquisitions_total, _losses_total{reason}, _acquire_seconds and
+    /// palisade_session_renew_failures_total, _lease_remaining_seconds.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, num_args = 1..)]
     pub command: Vec<OsString>,
@@ -266,6 +278,14 @@ async fn hold_and_run(hold: Hold) -> u8 {
             (args, Some(value))
         }
     };
+    // Before the first session, so that a scrape sees the whole life of this process, the
+    // wait for the lock included.
+    if let Some(addr) = args.metrics_addr {
+        if let Err(e) = metrics::serve(addr).await {
+            eprintln!("palisade: {e}");
+            return EXIT_FAILED;
+        }
+    }
     let mut backoff = Duration::from_millis(250);
     loop {
         let round = hold_once(&args, value.as_deref(), &mut signals).await;

@@ -155,6 +155,8 @@ impl Elector {
             name: name.to_owned(),
             timing: self.inner.timing,
             events: self.inner.events.clone(),
+            #[cfg(feature = "metrics")]
+            asked: tokio::time::Instant::now(),
         });
         let won = follow::campaign(&shared, &self.inner.options.holder).await?;
         Ok(term::start(shared, won, claim))

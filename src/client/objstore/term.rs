@@ -25,6 +25,9 @@ pub(super) struct Shared {
     pub(super) name: String,
     pub(super) timing: Timing,
     pub(super) events: broadcast::Sender<Event>,
+    /// When the campaign started, for the time to acquire.
+    #[cfg(feature = "metrics")]
+    pub(super) asked: Instant,
 }
 
 impl Shared {
@@ -179,12 +182,22 @@ pub(super) fn start(shared: Arc<Shared>, won: Won, claim: Claim) -> Leadership {
         lost: LossSignal(state_rx),
         release: Some(release_tx),
     };
+    #[cfg(feature = "metrics")]
+    crate::client::metrics::describe();
+    #[cfg(feature = "metrics")]
+    let metrics = Some(crate::client::metrics::Owned::new(
+        &shared.name,
+        crate::client::metrics::Kind::Leader,
+        shared.asked,
+    ));
     let term = Term {
         shared,
         token: won.token,
         held: won.stored,
         state: state_tx,
         claim: Some(claim),
+        #[cfg(feature = "metrics")]
+        metrics,
     };
     tokio::spawn(term.run(won.sent, release_rx));
     leadership
@@ -199,6 +212,9 @@ struct Term {
     /// This elector's candidacy for the name: given up before `release` returns, so the
     /// caller may campaign again at once.
     claim: Option<Claim>,
+    /// The term's metrics, ended with the term (dropped unended: reason `error`).
+    #[cfg(feature = "metrics")]
+    metrics: Option<crate::client::metrics::Owned>,
 }
 
 /// How a renewal attempt went.
@@ -213,6 +229,21 @@ enum Renewal {
 impl Term {
     fn deadline(&self) -> Instant {
         self.state.borrow().deadline
+    }
+
+    /// The term's end, for its metrics: displaced means another candidate took the record.
+    fn ended_for_metrics(&mut self, reason: LossReason) {
+        #[cfg(feature = "metrics")]
+        if let Some(m) = self.metrics.take() {
+            use crate::client::metrics::Reason;
+            m.end(match reason {
+                LossReason::Expired => Reason::Expired,
+                LossReason::Displaced => Reason::Revoked,
+                LossReason::Released => Reason::Closed,
+            });
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = reason;
     }
 
     async fn run(mut self, mut last_sent: Instant, mut release: oneshot::Receiver<Reply>) {
@@ -251,6 +282,7 @@ impl Term {
             }
         };
         self.state.send_modify(|s| s.ended = Some(reason));
+        self.ended_for_metrics(reason);
         self.shared.emit(Event::Lost {
             name: self.shared.name.clone(),
             token: self.token,
@@ -314,6 +346,7 @@ impl Term {
             // Stop acting before the release write is even sent.
             self.state
                 .send_modify(|s| s.ended = Some(LossReason::Released));
+            self.ended_for_metrics(LossReason::Released);
         }
         let name = self.shared.name.clone();
         let within = self.shared.timing.request_timeout;

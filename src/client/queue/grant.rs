@@ -22,10 +22,14 @@ pub(crate) struct Grant {
     /// A key an unanswered put may still recreate once the entry is let go (see
     /// `Pending::late_put`): looked at again after the release, the claim held meanwhile.
     look_again: Option<String>,
-    entry_watch: std::sync::OnceLock<(
-        tokio::sync::watch::Receiver<bool>,
-        tokio::task::JoinHandle<()>,
-    )>,
+    /// Flags the entry's deletion, once the watch that looks for it runs: made with the grant,
+    /// so that everyone following the grant sees the same flag.
+    entry_deleted: tokio::sync::watch::Sender<bool>,
+    entry_watch: std::sync::OnceLock<tokio::task::JoinHandle<()>>,
+    /// Tells the grant's metrics how it ended: `Some(deleted)` once released (whether the
+    /// release itself deleted the entry); dropped with the grant.
+    #[cfg(feature = "metrics")]
+    metrics_end: Option<tokio::sync::watch::Sender<Option<bool>>>,
 }
 
 impl Grant {
@@ -52,6 +56,13 @@ impl Grant {
                 session.spawn_cleanup(async move { s.release_while_alive(&entry).await });
             })
         };
+        let entry_deleted = tokio::sync::watch::channel(false).0;
+        #[cfg(feature = "metrics")]
+        let metrics_end = claim.as_ref().and_then(|claim| {
+            let signal =
+                session.loss_signal_with(Some(entry_deleted.subscribe()), Some(owner.subscribe()));
+            follow_for_metrics(&name, claim, signal)
+        });
         Self {
             session,
             name,
@@ -61,7 +72,10 @@ impl Grant {
             released: AtomicBool::new(false),
             claim: std::sync::Mutex::new(claim),
             look_again,
+            entry_deleted,
             entry_watch: std::sync::OnceLock::new(),
+            #[cfg(feature = "metrics")]
+            metrics_end,
         }
     }
 
@@ -69,33 +83,39 @@ impl Grant {
     /// call on (no watch costs anything for grants nobody asks about).
     pub(crate) fn loss_signal(&self) -> LossSignal {
         let entry = tokio::runtime::Handle::try_current().ok().map(|rt| {
-            self.entry_watch
-                .get_or_init(|| {
-                    let (tx, rx) = tokio::sync::watch::channel(false);
-                    let from = self
-                        .incarnation
-                        .create_revision
-                        .max(self.token.get() as i64)
-                        + 1;
-                    let task = rt.spawn(watch_entry(
-                        self.session.clone(),
-                        self.incarnation.clone(),
-                        from,
-                        tx,
-                    ));
-                    (rx, task)
-                })
-                .0
-                .clone()
+            self.entry_watch.get_or_init(|| {
+                let from = self
+                    .incarnation
+                    .create_revision
+                    .max(self.token.get() as i64)
+                    + 1;
+                rt.spawn(watch_entry(
+                    self.session.clone(),
+                    self.incarnation.clone(),
+                    from,
+                    self.entry_deleted.clone(),
+                ))
+            });
+            self.entry_deleted.subscribe()
         });
         self.session
             .loss_signal_with(entry, Some(self.owner.subscribe()))
     }
 
     fn stop_watching(&self) {
-        if let Some((_, task)) = self.entry_watch.get() {
+        if let Some(task) = self.entry_watch.get() {
             task.abort();
         }
+    }
+
+    /// Tells the grant's metrics that it was released (`deleted`: by this release).
+    fn released_for_metrics(&self, deleted: bool) {
+        #[cfg(feature = "metrics")]
+        if let Some(end) = &self.metrics_end {
+            end.send_replace(Some(deleted));
+        }
+        #[cfg(not(feature = "metrics"))]
+        let _ = deleted;
     }
 
     /// After a release: when a put of this acquisition's may still land, looks for it (now
@@ -141,12 +161,16 @@ impl Grant {
         let claim = self.claim.lock().unwrap_or_else(|e| e.into_inner()).take();
         self.look_again(claim);
         if deleted {
+            self.released_for_metrics(true);
             return Ok(());
         }
         if self.session.state() == SessionState::Closed {
+            self.released_for_metrics(true);
             return Err(Error::SessionClosed);
         }
+        // Learns first whether the lease went with the entry, so the metrics say which.
         self.session.confirm_lease().await;
+        self.released_for_metrics(false);
         Err(Error::LostBeforeRelease {
             name: self.name.clone(),
         })
@@ -174,6 +198,48 @@ impl Drop for Grant {
             }
         });
     }
+}
+
+/// Follows a grant for its metrics (`docs/client.md#owner-metrics`): counts the acquisition,
+/// holds its gauges up until the grant ends, then counts the loss with its reason. The reason
+/// is the grant's own loss signal's when it fires first (biased: when both are ready the
+/// signal explains the end better); otherwise the grant was let go (released, or dropped,
+/// which releases), unless a release found the entry already gone with the lease still alive:
+/// someone else deleted it. `None` outside a runtime (nothing could follow the grant).
+#[cfg(feature = "metrics")]
+fn follow_for_metrics(
+    name: &str,
+    claim: &Claim,
+    mut signal: LossSignal,
+) -> Option<tokio::sync::watch::Sender<Option<bool>>> {
+    use crate::client::metrics::{Kind, Owned, Reason};
+    use crate::session::{Loss, Role};
+    let rt = tokio::runtime::Handle::try_current().ok()?;
+    let kind = match claim.role() {
+        Role::Lock | Role::Write => Kind::Exclusive,
+        Role::Candidate => Kind::Leader,
+        Role::Read | Role::Permit => Kind::Shared,
+    };
+    let owned = Owned::new(name, kind, claim.asked());
+    let (end, mut ended) = tokio::sync::watch::channel(None);
+    rt.spawn(async move {
+        let reason = tokio::select! {
+            biased;
+            loss = signal.wait() => match loss {
+                Loss::SessionLost if signal.revoked() => Reason::Revoked,
+                Loss::SessionLost => Reason::Expired,
+                Loss::SessionClosed => Reason::Closed,
+                Loss::EntryDeleted => Reason::Revoked,
+                Loss::Fenced { .. } => Reason::Fenced,
+            },
+            release = ended.wait_for(Option::is_some) => match release.map(|r| *r) {
+                Ok(Some(false)) => Reason::Revoked,
+                _ => Reason::Closed,
+            },
+        };
+        owned.end(reason);
+    });
+    Some(end)
 }
 
 /// Flags `deleted` once `entry` stops existing while the session lives. Reads again after any

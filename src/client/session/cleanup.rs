@@ -42,9 +42,26 @@ pub(crate) struct Claim(std::sync::Arc<ClaimOf>);
 struct ClaimOf {
     session: Session,
     path: String,
+    /// What the acquisition asked for, and when it started: for the grant's metrics.
+    #[cfg(feature = "metrics")]
+    role: Role,
+    #[cfg(feature = "metrics")]
+    asked: tokio::time::Instant,
 }
 
 impl Claim {
+    /// The kind of entry claimed.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn role(&self) -> Role {
+        self.0.role
+    }
+
+    /// When the acquisition started (the call to `lock`, `campaign`, ...).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn asked(&self) -> tokio::time::Instant {
+        self.0.asked
+    }
+
     /// The acquisition is over and only its cleanup is left: a new acquisition of the same
     /// primitive waits for it instead of failing with `AlreadyHeld`.
     pub(crate) fn cleaning(&self) {
@@ -66,6 +83,8 @@ impl Session {
     /// acquisition of `path` by this session is still being cleaned up, waits for that
     /// cleanup first (it ends within the lease's life, see the module docs).
     pub(crate) async fn claim(&self, path: &str, name: &str, role: Role) -> Result<Claim, Error> {
+        #[cfg(feature = "metrics")]
+        let asked = tokio::time::Instant::now();
         loop {
             self.ensure_alive()?;
             let released = self.inner.released.notified();
@@ -84,6 +103,10 @@ impl Session {
                         return Ok(Claim(std::sync::Arc::new(ClaimOf {
                             session: self.clone(),
                             path: path.to_owned(),
+                            #[cfg(feature = "metrics")]
+                            role,
+                            #[cfg(feature = "metrics")]
+                            asked,
                         })));
                     }
                     // Registered while the map is locked, so the wake-up cannot be missed.
@@ -262,7 +285,7 @@ impl Session {
             if info.remaining <= 0 {
                 self.inner
                     .liveness
-                    .lost("the lease was revoked or expired in the store");
+                    .gone_from_store("the lease was revoked or expired in the store");
             }
         }
     }

@@ -21,7 +21,7 @@ pub(super) async fn keepalive(
     let retry = interval.min(Duration::from_millis(200));
     let mut wait = interval;
     loop {
-        tokio::time::sleep(wait).await;
+        liveness.pause(wait).await;
         // Also turns Lost when the deadline passed during a freeze (SIGSTOP, VM pause).
         if liveness.state() != SessionState::Alive {
             return;
@@ -41,14 +41,22 @@ pub(super) async fn keepalive(
                 wait = interval;
             }
             Ok(Ok(_)) => {
-                liveness.lost("the store no longer has the lease");
+                #[cfg(feature = "metrics")]
+                liveness.metrics.renew_failed();
+                liveness.gone_from_store("the store no longer has the lease");
                 return;
             }
             Ok(Err(e)) => {
+                #[cfg(feature = "metrics")]
+                liveness.metrics.renew_failed();
                 tracing::debug!(lease = format_args!("{lease:x}"), error = %e, "keepalive failed");
                 wait = retry;
             }
-            Err(_) => wait = Duration::ZERO,
+            Err(_) => {
+                #[cfg(feature = "metrics")]
+                liveness.metrics.renew_failed();
+                wait = Duration::ZERO;
+            }
         }
     }
 }

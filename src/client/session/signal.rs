@@ -106,6 +106,13 @@ impl LossSignal {
         }
     }
 
+    /// Whether the session's lease, if lost, was dropped by the store before it could have
+    /// expired: revoked by someone.
+    #[cfg(feature = "metrics")]
+    pub(crate) fn revoked(&self) -> bool {
+        self.liveness.metrics.revoked()
+    }
+
     /// Whether it has fired. Also checks the local lease deadline, so a holder that was
     /// frozen past it reports lost at once, before any background task has run.
     pub fn is_lost(&self) -> bool {
