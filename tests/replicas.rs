@@ -1472,3 +1472,80 @@ async fn fifty_warehouses_with_real_locks_through_the_layer_on_etcd_marks() {
         *last = *t;
     }
 }
+
+/// A confirmation that joins the round behind a read which is itself hanging (etcd paused
+/// with SIGSTOP) is answered within `request_timeout_ms` of its own arrival (plus scheduling:
+/// a 250 ms margin here), not after the hung read's timeout and then its own round's: it used
+/// to take about twice the timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confirmation_behind_a_hung_read_is_answered_within_its_own_timeout() {
+    let _serial = SERIAL.lock().await;
+    let mut etcd = etcd::Etcd::single().await;
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/hung/",
+        "linearizable",
+        &["orders".to_owned()],
+    );
+    let r = spawn_replica(dir.path(), "r.toml", &text);
+    let url = format!("http://{}/orders/1", r.addr);
+    assert_eq!(post(&url, Some("51")).await.status, 200);
+    let pid = etcd.pid(0).unwrap().to_string();
+    kill("-STOP", &pid);
+    // The first request's round reads (and hangs); the second joins the next round halfway.
+    let first = tokio::spawn({
+        let url = url.clone();
+        async move { post(&url, Some("51")).await.status }
+    });
+    tokio::time::sleep(REQUEST_TIMEOUT / 2).await;
+    let arrived = std::time::Instant::now();
+    let second = post(&url, Some("51")).await;
+    let took = arrived.elapsed();
+    kill("-CONT", &pid);
+    assert_eq!(second.status, 503, "{}", second.text());
+    assert_eq!(first.await.unwrap(), 503);
+    assert!(
+        took < REQUEST_TIMEOUT + Duration::from_millis(250),
+        "answered {took:?} after it arrived (request_timeout_ms {REQUEST_TIMEOUT:?})"
+    );
+    etcd.wait_writable().await;
+    assert_eq!(post(&url, Some("51")).await.status, 200, "recovered");
+}
+
+/// A member killed while a confirmation is in flight resets palisade's connection to it
+/// (tonic's `Unknown` status with the reset as its cause); that is retried within
+/// `request_timeout_ms` like `Unavailable`, so the current owner's request is answered by the
+/// restarted member instead of an immediate 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_reset_by_a_killed_member_is_retried_within_the_timeout() {
+    let _serial = SERIAL.lock().await;
+    let mut etcd = etcd::Etcd::single().await;
+    let up = support::upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let text = replica_config(
+        up.addr,
+        &etcd.endpoints(),
+        "/reset/",
+        "linearizable",
+        &["orders".to_owned()],
+    )
+    .replace("request_timeout_ms = 1000", "request_timeout_ms = 8000");
+    let r = spawn_replica(dir.path(), "r.toml", &text);
+    let url = format!("http://{}/orders/1", r.addr);
+    assert_eq!(post(&url, Some("51")).await.status, 200);
+    let pid = etcd.pid(0).unwrap().to_string();
+    // The request's read is on the wire when the member dies: its connection is reset.
+    kill("-STOP", &pid);
+    let pending = tokio::spawn({
+        let url = url.clone();
+        async move { post(&url, Some("51")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    etcd.stop(); // SIGKILL
+    etcd.restart().await;
+    let answer = pending.await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+}

@@ -107,7 +107,14 @@ impl Coalescer {
             }
             round
         };
-        round.wait().await
+        // Answered within the store's bound from this call, even when the read before this
+        // round is itself running out of time (the round's own read starts only after it).
+        match store.request_timeout() {
+            Some(bound) => tokio::time::timeout(bound, round.wait())
+                .await
+                .unwrap_or_else(|_| Err(Arc::new(StoreError::Timeout(bound)))),
+            None => round.wait().await,
+        }
     }
 }
 

@@ -188,12 +188,75 @@ fn tls(settings: &EtcdSettings, options: ConnectOptions) -> Result<ConnectOption
 }
 
 /// Whether `e` says the request did not get an answer from a healthy member (worth another
-/// member, or another try after an election).
+/// member, or another try after an election): `Unavailable`, a transport error, or an
+/// `Unknown` status whose cause is the connection itself (a member killed mid-request resets
+/// it: tonic reports `Unknown` with the reset as its source). Every store request may be
+/// sent again: reads, and writes that only raise a mark.
 fn unavailable(e: &etcd_client::Error) -> bool {
     match e {
-        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        etcd_client::Error::GRpcStatus(s) => match s.code() {
+            tonic::Code::Unavailable => true,
+            tonic::Code::Unknown => connection_failed(s),
+            _ => false,
+        },
         etcd_client::Error::TransportError(_) => true,
         _ => false,
+    }
+}
+
+/// Whether a status's causes include the connection failing (reset, aborted, broken pipe,
+/// closed) rather than an answer from etcd.
+fn connection_failed(s: &tonic::Status) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(s);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+            ) {
+                return true;
+            }
+        }
+        cur = c.source();
+    }
+    // Some versions give the cause only as text.
+    let m = s.message().to_ascii_lowercase();
+    [
+        "connection reset",
+        "connectionreset",
+        "broken pipe",
+        "connection aborted",
+    ]
+    .iter()
+    .any(|w| m.contains(w))
+}
+
+#[cfg(test)]
+mod classify {
+    use super::unavailable;
+
+    /// A member killed mid-request: tonic's `Unknown` with the reset as its cause is retried,
+    /// as `Unavailable` is; an answer from etcd is not.
+    #[test]
+    fn a_reset_connection_is_retried_an_answer_is_not() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let status = tonic::Status::from_error(Box::new(reset));
+        assert_eq!(status.code(), tonic::Code::Unknown);
+        assert!(unavailable(&etcd_client::Error::GRpcStatus(status)));
+        let text =
+            tonic::Status::unknown("transport error: Connection reset by peer (os error 104)");
+        assert!(unavailable(&etcd_client::Error::GRpcStatus(text)));
+        assert!(unavailable(&etcd_client::Error::GRpcStatus(
+            tonic::Status::unavailable("x")
+        )));
+        for answer in [
+            tonic::Status::unknown("etcdserver: mvcc: required revision has been compacted"),
+            tonic::Status::invalid_argument("etcdserver: key is not provided"),
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+        ] {
+            assert!(!unavailable(&etcd_client::Error::GRpcStatus(answer)));
+        }
     }
 }
 
@@ -213,6 +276,10 @@ fn decode(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
 impl MarkStore for EtcdStore {
     fn kind(&self) -> &'static str {
         "etcd"
+    }
+
+    fn request_timeout(&self) -> Option<Duration> {
+        Some(self.inner.timeout)
     }
 
     fn load(&self) -> BoxFuture<'_, Result<Marks, StoreError>> {

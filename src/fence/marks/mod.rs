@@ -91,6 +91,13 @@ pub trait MarkStore: Send + Sync + 'static {
         })
     }
 
+    /// How long one of this store's requests may take in all (`request_timeout_ms` for etcd),
+    /// if it bounds them: a request waiting on a confirmation round is answered within it
+    /// from its own arrival, whatever the read before its round is doing.
+    fn request_timeout(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// How admissions must treat this store's marks: [`Consistency::Local`] for a store only
     /// this process writes (its in-memory mark is the truth), or one of the shared modes.
     fn consistency(&self) -> Consistency {
