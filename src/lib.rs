@@ -63,7 +63,9 @@ pub use client::{election, error, lock, owner, provider, rwlock, semaphore, sess
 #[cfg(feature = "layer")]
 pub use fence::layer;
 #[cfg(feature = "fence")]
-pub use fence::{admission, confirm, drain, flight, guard, marks, metrics, path, reject, template};
+pub use fence::{
+    admission, confirm, drain, flight, guard, marks, metrics, path, recent, reject, template,
+};
 #[cfg(feature = "proxy")]
 pub use proxy::{access_log, admin, app, config, host, reload, server};
 

@@ -413,9 +413,87 @@ support::on_both_paths!(
     text_lines_are_key_value_pairs,
     a_reload_turns_the_access_log_on_and_moves_it_without_losing_lines,
     a_client_that_hangs_up_before_its_answer_is_logged_as_499,
+    clients_gone_before_their_answer_are_client_closed_not_upstream_errors,
 );
 support::on_both_paths!(
     #[flavor = "multi_thread", worker_threads = 2]
     a_log_that_cannot_be_written_counts_errors_and_never_fails_a_request,
     sigusr1_after_a_rename_writes_to_a_new_file,
 );
+
+/// Scrapes the admin listener's `/metrics` of a proxy process.
+async fn scrape(admin: std::net::SocketAddr) -> String {
+    support::get(&format!("http://{admin}/metrics"))
+        .await
+        .text()
+}
+
+/// Clients that go away before their answer are `client_closed` (499) in the access log and
+/// in `palisade_requests_total`, never `upstream_error` and never a WARN: an HTTP/1.1 client
+/// that closes mid-way through a chunked body, an HTTP/2 client that resets its stream
+/// mid-body, and a gRPC-style cancel (RST_STREAM(CANCEL) after the whole request, before the
+/// response head), each after the upstream got the request.
+async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, arrived) = hanging_upstream().await;
+    let text = config("json", "access.log", addr).replace(
+        "resource = \"orders\"\n",
+        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
+    );
+    let path = support::write(dir.path(), "palisade.toml", &text);
+    let proxy = support::spawn_proxy(&path).unwrap();
+    let admin = proxy.admin.unwrap();
+    // HTTP/1.1, chunked, gone after the first chunk.
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    client.write_all(head.as_bytes()).await.unwrap();
+    arrived.notified().await;
+    drop(client);
+    // HTTP/2: a stream reset mid-body, then one cancelled after its whole request.
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    for whole in [false, true] {
+        let req = http::Request::post(format!("http://{}/orders/1", proxy.addr))
+            .header("x-fencing-token", "8")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        let (_response, mut body) = h2.send_request(req, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(b"hello"), whole)
+            .unwrap();
+        arrived.notified().await;
+        body.send_reset(h2::Reason::CANCEL);
+        h2 = h2.ready().await.unwrap();
+    }
+    let log = dir.path().join("access.log");
+    let limit = std::time::Instant::now() + Duration::from_secs(5);
+    let series = r#"palisade_requests_total{outcome="client_closed",route="orders-write"}"#;
+    while lines(&log).len() < 3 || metric(&scrape(admin).await, series) != Some(3.0) {
+        assert!(std::time::Instant::now() < limit, "{:#?}", lines(&log));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Past the upstream's response timeout: nothing more is counted or logged.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text = scrape(admin).await;
+    assert_eq!(metric(&text, series), Some(3.0));
+    let errors = r#"palisade_requests_total{outcome="upstream_error",route="orders-write"}"#;
+    assert_eq!(metric(&text, errors), Some(0.0), "{text}");
+    let got = lines(&log);
+    assert_eq!(got.len(), 3, "{got:#?}");
+    for line in &got {
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            (v["status"].as_u64(), v["outcome"].as_str()),
+            (Some(499), Some("client_closed")),
+            "{line}"
+        );
+    }
+    let warned: Vec<String> = proxy
+        .logs
+        .try_iter()
+        .filter(|l| l.contains("\"WARN\"") || l.contains("upstream request failed"))
+        .collect();
+    assert!(warned.is_empty(), "{warned:#?}");
+}

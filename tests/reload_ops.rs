@@ -1,5 +1,6 @@
 //! Reload as an operator drives it: SIGHUP to the `palisade` process, `POST /reload` on the
-//! admin listener, a file with a mistake in it, and keys that only a restart changes.
+//! admin listener, a file with a mistake in it, and keys that only a restart changes; and the
+//! admin listener's status page (`GET /`), which shows what reloads put in force.
 
 mod support;
 
@@ -647,4 +648,182 @@ fn palisade_check_needs_the_admin_token_variable_and_never_prints_its_value() {
         }
         Ok(_) => panic!("palisade started with an empty admin token"),
     }
+}
+
+/// [`A`] with a templated route whose entity a header names (any visible ASCII, `<` too).
+fn config_tenants(upstream: SocketAddr) -> String {
+    config_a(upstream, 0)
+        + "\n[[route]]\nname = \"tenants\"\nupstream = \"legacy\"\npath_prefix = \"/tenants\"\n\
+           resource = \"tenant/{header.x-tenant}\"\n"
+}
+
+/// The `<tr ...>...</tr>` rows of `page` that start with `open`.
+fn rows<'p>(page: &'p str, open: &str) -> Vec<&'p str> {
+    page.match_indices(open)
+        .map(|(at, _)| &page[at..at + page[at..].find("</tr>").unwrap()])
+        .collect()
+}
+
+#[tokio::test]
+async fn the_status_page_shows_routes_marks_and_a_zombies_refusal_with_every_value_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = support::upstream().await;
+    let file = dir.path().join("palisade.toml");
+    write(&file, &config_tenants(up.addr));
+    let proxy = support::proxy_file(&file).await;
+    let status = format!("http://{}/", proxy.admin);
+
+    let empty = get(&status).await;
+    assert_eq!(empty.status, StatusCode::OK);
+    assert_eq!(empty.headers["content-type"], "text/html; charset=utf-8");
+    let csp = empty.headers["content-security-policy"].to_str().unwrap();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+    assert!(
+        empty.text().contains("<p id=\"no-refusals\">"),
+        "{}",
+        empty.text()
+    );
+
+    // The owner writes with 51; the zombie's late write with 34 is refused.
+    assert_eq!(
+        post(&proxy.url("/orders/1"), Some("51")).await.status,
+        StatusCode::OK
+    );
+    let zombie = post(&proxy.url("/orders/1"), Some("34")).await;
+    assert_eq!(zombie.status, StatusCode::CONFLICT);
+    // An entity whose name is markup, advanced to 7 and then refused a stale 3.
+    let evil = "<script>alert(1)</script>";
+    for (token, want) in [("7", StatusCode::OK), ("3", StatusCode::CONFLICT)] {
+        let headers: [(&str, &[u8]); 2] = [
+            ("x-fencing-token", token.as_bytes()),
+            ("x-tenant", evil.as_bytes()),
+        ];
+        let r = send(
+            &http1_client(),
+            Method::POST,
+            &proxy.url("/tenants/x"),
+            &headers,
+            b"w",
+        )
+        .await;
+        assert_eq!(r.status, want, "{}", r.text());
+    }
+
+    let page = get(&status).await.text();
+    let route = rows(&page, "<tr data-route=\"orders\">");
+    assert_eq!(route.len(), 1, "{page}");
+    for cell in [
+        "<code>orders</code>",
+        "badge ok\">guarded",
+        "<td class=\"num mark\">51</td>",
+    ] {
+        assert!(route[0].contains(cell), "{cell} not in {}", route[0]);
+    }
+    let resource = rows(
+        &page,
+        "<tr data-resource=\"orders\"><td class=\"resource\">",
+    );
+    assert_eq!(resource.len(), 1, "{page}");
+    assert!(
+        resource[0].contains("<td class=\"num mark\">51</td>"),
+        "{}",
+        resource[0]
+    );
+
+    let refusals = rows(&page, "<tr class=\"refusal\"");
+    assert_eq!(refusals.len(), 2, "{page}");
+    // Newest first: the entity's refusal, then the zombie's.
+    let stale = refusals[1];
+    for cell in [
+        "data-reason=\"stale_token\"",
+        "<td class=\"route\"><code>orders</code></td>",
+        "<td class=\"resource\"><code>orders</code></td>",
+        "<td class=\"num token\">34</td>",
+        "<td class=\"num mark\">51</td>",
+        "<td class=\"num status\">409</td>",
+        "<td class=\"peer\"><code>127.0.0.1:",
+    ] {
+        assert!(stale.contains(cell), "{cell} not in {stale}");
+    }
+
+    // The entity's name is shown, escaped, in its refusal and in its template's listing.
+    let escaped = "tenant/&lt;script&gt;alert(1)&lt;/script&gt;";
+    assert!(
+        refusals[0].contains(&format!("<code>{escaped}</code>")),
+        "{}",
+        refusals[0]
+    );
+    assert!(
+        refusals[0].contains("<td class=\"num token\">3</td>"),
+        "{}",
+        refusals[0]
+    );
+    let entity = rows(&page, &format!("<tr data-resource=\"{escaped}\">"));
+    assert_eq!(entity.len(), 1, "{page}");
+    assert!(
+        entity[0].contains("<td class=\"num mark\">7</td>"),
+        "{}",
+        entity[0]
+    );
+    assert!(
+        !page.contains("<script"),
+        "markup from a request reached the page: {page}"
+    );
+    assert!(
+        page.contains("data-template=\"tenant/{header.x-tenant}\""),
+        "{page}"
+    );
+
+    // The store's health, its latency table, and the configuration's generation.
+    assert!(
+        page.contains("<span class=\"badge ok\" id=\"ready\">ready</span>"),
+        "{page}"
+    );
+    assert!(page.contains("<tr data-op=\"persist\">"), "{page}");
+    assert!(page.contains("<span id=\"generation\">1</span>"), "{page}");
+    assert!(
+        page.contains(&format!(
+            "<span class=\"version\" id=\"version\">{}</span>",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{page}"
+    );
+
+    // Pages of a template's entities, and a query the page does not take.
+    let second = get(&format!(
+        "{status}?template=tenant%2F%7Bheader.x-tenant%7D&page=2"
+    ))
+    .await;
+    assert_eq!(second.status, StatusCode::OK);
+    assert!(
+        second.text().contains("No stored marks on this page."),
+        "{}",
+        second.text()
+    );
+    assert!(
+        second.text().contains("page=1\">‹ previous</a>"),
+        "{}",
+        second.text()
+    );
+    for bad in ["?page=0", "?page=1001", "?after=x"] {
+        let r = get(&format!("{status}{bad}")).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {}", r.text());
+    }
+
+    // A reload is a new generation with its own digest; the refusals stay.
+    let before = config_info(&proxy.metrics().await);
+    write(&file, &config_b(up.addr, 0));
+    proxy.reloader.reload().await.unwrap();
+    let after = config_info(&proxy.metrics().await);
+    assert_ne!(before, after);
+    let page = get(&status).await.text();
+    assert!(page.contains("<span id=\"generation\">2</span>"), "{page}");
+    assert!(
+        page.contains(&format!("title=\"{}\"", after[0].0)),
+        "{page}"
+    );
+    assert_eq!(rows(&page, "<tr class=\"refusal\"").len(), 2, "{page}");
+    assert!(page.contains("<tr data-route=\"invoices\">"), "{page}");
+
+    proxy.shutdown().await;
 }

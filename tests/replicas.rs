@@ -1480,7 +1480,7 @@ async fn fifty_warehouses_with_real_locks_through_the_layer_on_etcd_marks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmation_behind_a_hung_read_is_answered_within_its_own_timeout() {
     let _serial = SERIAL.lock().await;
-    let mut etcd = etcd::Etcd::single().await;
+    let etcd = etcd::Etcd::single().await;
     let up = support::upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let text = replica_config(

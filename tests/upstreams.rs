@@ -842,3 +842,25 @@ async fn an_h2c_upstream_rotating_its_connections_fails_no_read_and_applies_no_w
         "every answered write was processed"
     );
 }
+
+/// A refusal of an HTTP/2 HEAD request carries no body (python-h2 rejects a stream that
+/// answers HEAD with DATA): the status and headers only, the stream ended with them.
+#[tokio::test]
+async fn an_http2_refusal_of_head_has_no_body() {
+    let (up, _seen) = upstream().await;
+    let (p, _dir) = proxy(&config(&format!("url = \"http://{up}\""), "")).await;
+    let tcp = TcpStream::connect(p.addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    // A path not in normal form: refused with 400 before routing.
+    let req = http::Request::head(format!("http://{}/a/../b", p.addr))
+        .body(())
+        .unwrap();
+    let (response, _) = h2.send_request(req, true).unwrap();
+    let resp = response.await.unwrap();
+    assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+    let mut body = resp.into_body();
+    assert!(body.is_end_stream(), "the stream ended with the head");
+    assert!(body.data().await.is_none());
+}

@@ -70,6 +70,12 @@ impl Resource {
     pub fn mark(&self) -> u64 {
         self.mark.get()
     }
+
+    /// The token of an advance of this resource that is draining older owners' requests
+    /// now, if one is.
+    pub fn draining(&self) -> Option<u64> {
+        self.drain.draining()
+    }
 }
 
 /// A resource's view of the lock that feeds it (a route's `lock`).
@@ -313,6 +319,17 @@ impl Admission {
             .iter()
             .map(|(k, r)| (k.clone(), r.mark()))
             .collect()
+    }
+
+    /// The resources whose advance is draining older owners' requests now, with the token
+    /// of that advance, by name (a snapshot of every resource in memory, entities included).
+    pub fn drains_in_progress(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = read(&self.resources)
+            .iter()
+            .filter_map(|(name, r)| Some((name.clone(), r.draining()?)))
+            .collect();
+        out.sort_unstable();
+        out
     }
 
     /// The store behind the marks.

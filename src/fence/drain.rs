@@ -252,6 +252,15 @@ impl Drain {
         ticket::requests(self.current.load().in_flight())
     }
 
+    /// The token of an advance waiting for older owners' requests (its generation is not
+    /// ready yet), if one is: a snapshot, for the admin's status page.
+    pub fn draining(&self) -> Option<u64> {
+        let current = self.current.load();
+        // SeqCst like every other access of `ready`; a stale answer only shows late.
+        let g = &current.generation;
+        (!g.ready.load(SeqCst)).then_some(g.token)
+    }
+
     /// Enters the current generation with `token`, which the caller found equal to the mark.
     // Always inlined, the thread's cached shard first: see `enter_shard` for why an `Entry`
     // must not be returned through memory on the hot path.

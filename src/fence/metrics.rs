@@ -1,8 +1,18 @@
 //! Prometheus metrics (names fixed in `docs/design.md#metrics`).
 //!
 //! Label values are resolved once, when routes and resources are known, so the request path
-//! only bumps pre-resolved atomics: no hashing, no locks.
+//! only bumps pre-resolved atomics: no hashing, no locks. A refusal also goes into the ring of
+//! recent refusals ([`crate::recent`]) that the admin's status page shows; module `read` reads
+//! the families back for it.
 
+mod read;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use self::read::{DrainStats, OpLatency};
+use crate::recent::RecentRefusals;
+use crate::reject::Rejection;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
@@ -40,10 +50,13 @@ pub enum Outcome {
     /// A token above the epoch of the lock that feeds the route (never issued): 403 /
     /// PERMISSION_DENIED.
     Unissued,
+    /// The client went away (closed its connection, reset its stream, cancelled its call)
+    /// before its answer: 499 in the access log, as nginx logs it. Not an upstream error.
+    ClientClosed,
 }
 
 impl Outcome {
-    const ALL: [Outcome; 13] = [
+    const ALL: [Outcome; 14] = [
         Outcome::Admitted,
         Outcome::Passthrough,
         Outcome::Stale,
@@ -57,6 +70,7 @@ impl Outcome {
         Outcome::MarksFull,
         Outcome::Fence,
         Outcome::Unissued,
+        Outcome::ClientClosed,
     ];
 
     /// The label value.
@@ -75,6 +89,7 @@ impl Outcome {
             Outcome::MarksFull => "marks_full",
             Outcome::Fence => "fence",
             Outcome::Unissued => "unissued",
+            Outcome::ClientClosed => "client_closed",
         }
     }
 }
@@ -97,6 +112,8 @@ pub struct Metrics {
     drain_timeouts: IntCounterVec,
     drain_aborted: IntCounterVec,
     entities: EntityMetrics,
+    /// The last refusals, shared by every configuration (reloads keep them).
+    refusals: Arc<RecentRefusals>,
 }
 
 /// The entities of resource templates in memory (`[marks] max_cached`).
@@ -113,7 +130,7 @@ pub struct EntityMetrics {
 
 /// Pre-resolved `palisade_requests_total{route,outcome}` counters of one route.
 #[derive(Debug, Clone)]
-pub struct Outcomes([IntCounter; 13]);
+pub struct Outcomes([IntCounter; 14]);
 
 impl Outcomes {
     /// Counts one request under `outcome`.
@@ -132,12 +149,28 @@ pub struct RouteMetrics {
     pub duration: Histogram,
     /// `palisade_inflight_requests{route}`.
     pub inflight: IntGauge,
+    /// The route's name, for its refusals' records.
+    route: Arc<str>,
+    refusals: Arc<RecentRefusals>,
 }
 
 impl RouteMetrics {
     /// Counts one request under `outcome`.
     pub fn count(&self, outcome: Outcome) {
         self.outcomes.count(outcome);
+    }
+
+    /// Records a refusal of a request to this route in the recent refusals (see
+    /// [`RecentRefusals::record`]); refusals only, never on an admitted request's path.
+    pub fn refused(
+        &self,
+        rejection: &Rejection,
+        resource: Option<(&str, u64)>,
+        token: Option<u64>,
+        peer: SocketAddr,
+    ) {
+        self.refusals
+            .record(&self.route, rejection, resource, token, peer);
     }
 }
 
@@ -333,7 +366,13 @@ impl Metrics {
             drain_timeouts,
             drain_aborted,
             entities,
+            refusals: Arc::default(),
         })
+    }
+
+    /// The last refusals of requests that matched a route.
+    pub fn refusals(&self) -> &RecentRefusals {
+        &self.refusals
     }
 
     /// The entity cache's handles.
@@ -366,6 +405,8 @@ impl Metrics {
             stale: resource.map(|r| self.stale.with_label_values(&[route, r])),
             duration: self.duration.with_label_values(&[route]),
             inflight: self.inflight.with_label_values(&[route]),
+            route: Arc::from(route),
+            refusals: Arc::clone(&self.refusals),
         }
     }
 

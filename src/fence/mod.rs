@@ -13,5 +13,6 @@ pub mod marks;
 pub mod metrics;
 pub mod path;
 pub mod path_prefix;
+pub mod recent;
 pub mod reject;
 pub mod template;

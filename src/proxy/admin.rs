@@ -1,11 +1,14 @@
-//! The admin listener: `GET /metrics`, `/livez`, `/readyz`, `/marks`, `/marks/<resource>`,
-//! and `POST /reload`.
+//! The admin listener: `GET /` (the status page, module `status`), `/metrics`, `/livez`,
+//! `/readyz`, `/marks`, `/marks/<resource>`, and `POST /reload`.
 //!
 //! Kept off the data path's listener so it can bind to loopback while the proxy faces clients
 //! (it binds `127.0.0.1` by default). With `[admin] token_env`, every request but `GET` and
 //! `HEAD` (so `POST /reload`, and any endpoint that changes something) must carry
 //! `Authorization: Bearer <token>`; the reads stay open. A refused request changes nothing:
 //! 401 with `WWW-Authenticate: Bearer`, counted in `palisade_admin_unauthorized_total`.
+
+mod html;
+mod status;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -122,6 +125,7 @@ impl Admin {
             return text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n");
         }
         match req.uri().path() {
+            "/" => self.status(req.uri().query()).await,
             "/metrics" => {
                 // Asked now, so that the scrape reads the store's readiness of this moment
                 // (bounded like /readyz: the store's own probe and request timeouts).
@@ -170,8 +174,8 @@ impl Admin {
             path if path.starts_with("/marks/") => self.one_mark(&path["/marks/".len()..]).await,
             _ => text(
                 StatusCode::NOT_FOUND,
-                "not found: try /metrics, /livez, /readyz, /marks, /marks/<resource> or POST \
-                 /reload\n",
+                "not found: try / (the status page), /metrics, /livez, /readyz, /marks, \
+                 /marks/<resource> or POST /reload\n",
             ),
         }
     }

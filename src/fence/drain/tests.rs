@@ -7,7 +7,9 @@ async fn an_advance_waits_for_older_requests_and_aborts_the_slow_ones() {
         panic!()
     };
     let (a, a_body) = a.split();
+    assert_eq!(d.draining(), None);
     let (b, old) = d.install(51);
+    assert_eq!(d.draining(), Some(51), "the advance to 51 drains");
     assert!(matches!(d.enter(34), Entry::Stale { mark: 51 }));
     let Entry::NotReady(g) = d.enter(51) else {
         panic!("equal tokens wait for the drain")
@@ -23,6 +25,7 @@ async fn an_advance_waits_for_older_requests_and_aborts_the_slow_ones() {
     assert_eq!(drained.aborted, 0);
     assert_eq!(drained.waited, Duration::from_millis(300));
     Drain::wait_ready(&g).await;
+    assert_eq!(d.draining(), None);
     assert!(matches!(d.enter(51), Entry::Entered(_)));
     drop(b); // the advancing request's exchange is over
 

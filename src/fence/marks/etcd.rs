@@ -232,34 +232,6 @@ fn connection_failed(s: &tonic::Status) -> bool {
     .any(|w| m.contains(w))
 }
 
-#[cfg(test)]
-mod classify {
-    use super::unavailable;
-
-    /// A member killed mid-request: tonic's `Unknown` with the reset as its cause is retried,
-    /// as `Unavailable` is; an answer from etcd is not.
-    #[test]
-    fn a_reset_connection_is_retried_an_answer_is_not() {
-        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
-        let status = tonic::Status::from_error(Box::new(reset));
-        assert_eq!(status.code(), tonic::Code::Unknown);
-        assert!(unavailable(&etcd_client::Error::GRpcStatus(status)));
-        let text =
-            tonic::Status::unknown("transport error: Connection reset by peer (os error 104)");
-        assert!(unavailable(&etcd_client::Error::GRpcStatus(text)));
-        assert!(unavailable(&etcd_client::Error::GRpcStatus(
-            tonic::Status::unavailable("x")
-        )));
-        for answer in [
-            tonic::Status::unknown("etcdserver: mvcc: required revision has been compacted"),
-            tonic::Status::invalid_argument("etcdserver: key is not provided"),
-            tonic::Status::permission_denied("etcdserver: permission denied"),
-        ] {
-            assert!(!unavailable(&etcd_client::Error::GRpcStatus(answer)));
-        }
-    }
-}
-
 /// A stored mark: exactly 8 bytes, big-endian.
 fn decode(key: &[u8], value: &[u8]) -> Result<u64, StoreError> {
     <[u8; 8]>::try_from(value)
@@ -522,5 +494,33 @@ impl MarkStore for EtcdStore {
             .load(std::sync::atomic::Ordering::Relaxed);
         tokio::spawn(async move { store.watch_loop(from, tx).await });
         Some(rx)
+    }
+}
+
+#[cfg(test)]
+mod classify {
+    use super::unavailable;
+
+    /// A member killed mid-request: tonic's `Unknown` with the reset as its cause is retried,
+    /// as `Unavailable` is; an answer from etcd is not.
+    #[test]
+    fn a_reset_connection_is_retried_an_answer_is_not() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        let status = tonic::Status::from_error(Box::new(reset));
+        assert_eq!(status.code(), tonic::Code::Unknown);
+        assert!(unavailable(&etcd_client::Error::GRpcStatus(status)));
+        let text =
+            tonic::Status::unknown("transport error: Connection reset by peer (os error 104)");
+        assert!(unavailable(&etcd_client::Error::GRpcStatus(text)));
+        assert!(unavailable(&etcd_client::Error::GRpcStatus(
+            tonic::Status::unavailable("x")
+        )));
+        for answer in [
+            tonic::Status::unknown("etcdserver: mvcc: required revision has been compacted"),
+            tonic::Status::invalid_argument("etcdserver: key is not provided"),
+            tonic::Status::permission_denied("etcdserver: permission denied"),
+        ] {
+            assert!(!unavailable(&etcd_client::Error::GRpcStatus(answer)));
+        }
     }
 }

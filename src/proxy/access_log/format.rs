@@ -168,8 +168,9 @@ fn text_u64(out: &mut Vec<u8>, v: Option<u64>) {
     }
 }
 
-/// `now` as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), written into `buf`.
-fn rfc3339_millis(now: SystemTime, buf: &mut [u8; 24]) -> &[u8] {
+/// `now` as `YYYY-MM-DDTHH:MM:SS.mmmZ` (UTC), written into `buf` (also the admin's status
+/// page's time format).
+pub(crate) fn rfc3339_millis(now: SystemTime, buf: &mut [u8; 24]) -> &[u8] {
     let since = now.duration_since(UNIX_EPOCH).unwrap_or_default();
     let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);

@@ -20,6 +20,7 @@ use std::time::SystemTime;
 
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
+pub(crate) use format::rfc3339_millis;
 pub use format::Line;
 
 use self::writer::{Shared, Sink};

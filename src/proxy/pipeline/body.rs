@@ -123,6 +123,22 @@ impl Delivered {
     }
 }
 
+/// Whether the client's request body failed (the client went away mid-body, reset its stream
+/// or cancelled its call): an upstream failure that follows is the client's doing, not the
+/// upstream's.
+#[derive(Debug, Clone, Default)]
+pub(super) struct ClientFailed(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl ClientFailed {
+    pub(super) fn is_set(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 /// The client's request body on its way upstream. With `strip_token`, the token is removed
 /// from request trailers too (HTTP/2 and chunked HTTP/1.1 can carry it there), in both of its
 /// spellings (`x-fencing-token` and the `x_fencing_token` that CGI-style servers merge with it).
@@ -137,6 +153,7 @@ pub struct RequestBody {
     flight: Option<Flight>,
     limit: Option<BodyLimit>,
     delivered: Option<Delivered>,
+    client_failed: Option<ClientFailed>,
 }
 
 impl RequestBody {
@@ -145,7 +162,7 @@ impl RequestBody {
         strip: Option<HeaderName>,
         ticket: Option<Ticket>,
         limit: Option<BodyLimit>,
-        delivered: Option<Delivered>,
+        (delivered, client_failed): (Option<Delivered>, Option<ClientFailed>),
     ) -> Self {
         Self {
             inner: Some(inner),
@@ -153,6 +170,7 @@ impl RequestBody {
             flight: Flight::of(ticket),
             limit,
             delivered,
+            client_failed,
         }
     }
 
@@ -170,6 +188,7 @@ impl RequestBody {
             flight: None,
             limit: None,
             delivered,
+            client_failed: None,
         }
     }
 }
@@ -220,6 +239,13 @@ impl Body for RequestBody {
         };
         let polled = poll_fenced(Pin::new(inner), &mut this.flight, cx);
         if let Poll::Ready(Some(Err(e))) = polled {
+            // The client's body failed (not a drain's abort, which fails it with its ticket).
+            if let (Some(f), false) = (
+                &this.client_failed,
+                this.flight.as_ref().is_some_and(Flight::is_aborted),
+            ) {
+                f.set();
+            }
             return Poll::Ready(Some(Err(Box::new(BodyFailed(error_chain(&*e))))));
         }
         if let (Some(d), Poll::Ready(None)) = (&this.delivered, &polled) {

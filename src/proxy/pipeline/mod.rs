@@ -105,6 +105,17 @@ impl std::fmt::Debug for Proxy {
     }
 }
 
+/// A refusal of an HTTP/2 HEAD request without its body: hyper's HTTP/2 server sends the
+/// body it is given, and a client may reject a stream that answers HEAD with DATA (python-h2
+/// does). HTTP/1.1 answers to HEAD never carry one (hyper leaves it out).
+fn bodiless_if(head_h2: bool, mut resp: Response<ProxyBody>) -> Response<ProxyBody> {
+    if head_h2 && matches!(resp.body(), Either::Right(_)) {
+        resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+        *resp.body_mut() = Either::Right(Full::new(Bytes::new()));
+    }
+    resp
+}
+
 impl Proxy {
     /// Handles one request from `peer`. Never fails: refusals are responses.
     /// `affinity` is the client connection's own: its upstream connection between requests.
@@ -115,17 +126,19 @@ impl Proxy {
         affinity: &Arc<Affinity>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
+        let head_h2 = req.method() == http::Method::HEAD && req.version() == http::Version::HTTP_2;
         let Some(log) = &self.access_log else {
-            return self
+            let resp = self
                 .serve(req, client, affinity, started, &mut Note::default())
                 .await;
+            return bodiless_if(head_h2, resp);
         };
         let mut logged = Logged::of(log, &req, client.addr, started);
         let resp = self
             .serve(req, client, affinity, started, &mut logged.note)
             .await;
         logged.answered(resp.status());
-        resp
+        bodiless_if(head_h2, resp)
     }
 
     /// [`Proxy::handle`], noting what it decided in `note`.
@@ -177,6 +190,9 @@ impl Proxy {
         let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
             .then(|| hyper::upgrade::on(&mut req))
             .map(|on| (on, req.extensions_mut().remove::<ConnHold>()));
+        // Only a body can fail on the client's side while the upstream exchange runs.
+        let client_failed =
+            (!http_body::Body::is_end_stream(req.body())).then(body::ClientFailed::default);
         let mut req = prepare(
             req,
             Forward {
@@ -193,6 +209,7 @@ impl Proxy {
                 ticket: body_ticket,
                 limit,
                 delivered: delivered.clone(),
+                client_failed: client_failed.clone(),
             },
         );
         // A newer owner's drain that runs out of time aborts this request and the client gets
@@ -284,6 +301,15 @@ impl Proxy {
                         delivered,
                     }),
                 )
+            }
+            // The client went away mid-body (or cancelled its call): the upstream failed
+            // because of it.
+            Err(_)
+                if client_failed
+                    .as_ref()
+                    .is_some_and(body::ClientFailed::is_set) =>
+            {
+                self.client_closed(route, token, note).map(Either::Right)
             }
             Err(rejection) => self
                 .upstream_failed(route, upstream, rejection, token, grpc, peer, note)

@@ -44,6 +44,16 @@ impl<'a> Note<'a> {
     }
 }
 
+/// A request whose future is dropped before an outcome was noted: its client went away (hyper
+/// drops the request's future then), counted as `client_closed` by its route.
+impl Drop for Note<'_> {
+    fn drop(&mut self) {
+        if let (None, Some(route)) = (self.outcome, self.route) {
+            route.metrics.count(Outcome::ClientClosed);
+        }
+    }
+}
+
 /// Status and outcome of a request whose client went away (or whose connection shutdown's
 /// grace dropped) before its answer was ready, as nginx logs it.
 const CLIENT_CLOSED: (u16, &str) = (499, "client_closed");

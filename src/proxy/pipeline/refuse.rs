@@ -91,6 +91,23 @@ impl Proxy {
         rejection.respond(ctx, grpc.as_ref())
     }
 
+    /// An admitted request whose client went away mid-body or cancelled its call, which made
+    /// its upstream exchange fail: counted and logged as `client_closed` (not an upstream
+    /// error); the empty 499 goes nowhere, the client is gone.
+    pub(super) fn client_closed(
+        &self,
+        route: &Route,
+        token: Option<u64>,
+        note: &mut Note<'_>,
+    ) -> Response<Full<Bytes>> {
+        route.metrics.count(Outcome::ClientClosed);
+        note.set(Outcome::ClientClosed, token);
+        tracing::debug!(route = %route.settings.name, "the client went away before its answer");
+        let mut r = Response::new(Full::new(Bytes::new()));
+        *r.status_mut() = http::StatusCode::from_u16(499).unwrap_or(http::StatusCode::BAD_REQUEST);
+        r
+    }
+
     /// Answers an admitted fence request (`x-fencing-fence: 1`): 204 / gRPC OK with the mark,
     /// logged and counted as `fence`; the upstream never sees it.
     pub(super) fn fence_answered(
@@ -135,6 +152,8 @@ impl Proxy {
     ) -> Response<Full<Bytes>> {
         note.set(outcome, token);
         let resource = note.resource();
+        let judged = resource.map(|r| (r.name(), r.mark()));
+        route.metrics.refused(&rejection, judged, token, peer);
         let whole = match (&rejection, resource) {
             (Rejection::Stale { token, mark }, Some(r)) => {
                 self.stale_log

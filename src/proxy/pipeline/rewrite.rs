@@ -22,6 +22,8 @@ pub(super) struct Forward<'a> {
     pub(super) limit: Option<super::body::BodyLimit>,
     /// A guarded request's "handed over whole" flag.
     pub(super) delivered: Option<super::body::Delivered>,
+    /// Set when the client's body fails.
+    pub(super) client_failed: Option<super::body::ClientFailed>,
 }
 
 /// What [`rewrite_head`] needs to know beyond the request head itself.
@@ -50,7 +52,13 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
     rewrite_head(&mut parts, f.head);
     Request::from_parts(
         parts,
-        RequestBody::new(body, strip, f.ticket, f.limit, f.delivered),
+        RequestBody::new(
+            body,
+            strip,
+            f.ticket,
+            f.limit,
+            (f.delivered, f.client_failed),
+        ),
     )
 }
 

@@ -115,6 +115,9 @@ struct Inner {
     error: IntCounter,
     /// `palisade_config_info{digest}`.
     info: IntGaugeVec,
+    /// A copy of the configuration in force, read without waiting for a reload (the admin's
+    /// status page).
+    shown: ArcSwap<Config>,
 }
 
 impl std::fmt::Debug for Reloader {
@@ -159,6 +162,7 @@ impl Reloader {
         Ok(Self {
             inner: Arc::new(Inner {
                 current,
+                shown: ArcSwap::from_pointee(config.clone()),
                 config: tokio::sync::Mutex::new((config, Vec::new())),
                 ok: reloads.with_label_values(&["ok"]),
                 error: reloads.with_label_values(&["error"]),
@@ -304,6 +308,7 @@ impl Reloader {
             retired: plan.retired,
             kept,
         };
+        i.shown.store(Arc::new(next.clone()));
         *in_force = next;
         *ghosts = plan.ghosts.clone();
         Ok(reloaded)
@@ -324,5 +329,15 @@ impl Reloader {
     /// The configuration in force.
     pub fn proxy(&self) -> Arc<Proxy> {
         self.inner.current.load_full()
+    }
+
+    /// The validated file in force (the one the last successful reload, or the start, read).
+    pub fn config(&self) -> Arc<Config> {
+        self.inner.shown.load_full()
+    }
+
+    /// Reloads so far: `(succeeded, failed)`, as `palisade_config_reloads_total` counts them.
+    pub fn reloads(&self) -> (u64, u64) {
+        (self.inner.ok.get(), self.inner.error.get())
     }
 }
