@@ -723,10 +723,14 @@ async fn ambiguous_framing_is_refused_on_both_paths() {
         );
     }
     assert_eq!(e.exec.all().len(), before, "none reached the upstream");
-    // After a request served on the same connection (on the fast path: after a chunked one,
-    // which hands the connection to hyper), each is refused just the same.
+    // After a request served on the same connection (on the fast path: after a chunked one or
+    // an upgrade, which hand the connection to hyper), each is refused just the same.
     for first in [
         "GET /public HTTP/1.1\r\nhost: h\r\n\r\n".to_owned(),
+        // An upgrade the route does not take: answered as a plain request, the connection
+        // goes on, and what follows is judged as ever.
+        "GET /public HTTP/1.1\r\nhost: h\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n"
+            .to_owned(),
         format!("POST /public HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\n\r\n{body}"),
     ] {
         for (bytes, want) in &cases {

@@ -1023,23 +1023,49 @@ async fn cached_mode_staleness_window() {
     assert!(p99 < Duration::from_millis(200), "p99 window {p99:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn during_an_etcd_outage_a_refusal_says_the_confirmation_failed_and_carries_the_mark() {
-    let _serial = SERIAL.lock().await;
-    let mut etcd = etcd::Etcd::single().await;
+/// One linearizable replica on a single etcd, its `orders` route's mark already 51, with
+/// `request_timeout_ms` set.
+struct OneReplica {
+    etcd: etcd::Etcd,
+    _up: support::Upstream,
+    _dir: tempfile::TempDir,
+    _replica: ProxyProcess,
+    url: String,
+}
+
+async fn one_replica(prefix: &str, request_timeout: Duration) -> OneReplica {
+    let etcd = etcd::Etcd::single().await;
     let up = support::upstream().await;
     let dir = tempfile::tempdir().unwrap();
     let text = replica_config(
         up.addr,
         &etcd.endpoints(),
-        "/outage/",
+        prefix,
         "linearizable",
         &["orders".to_owned()],
+    )
+    .replace(
+        &format!("request_timeout_ms = {}\n", REQUEST_TIMEOUT.as_millis()),
+        &format!("request_timeout_ms = {}\n", request_timeout.as_millis()),
     );
-    let r = spawn_replica(dir.path(), "r.toml", &text);
-    let url = format!("http://{}/orders/1", r.addr);
+    let replica = spawn_replica(dir.path(), "r.toml", &text);
+    let url = format!("http://{}/orders/1", replica.addr);
     assert_eq!(post(&url, Some("51")).await.status, 200);
-    etcd.stop();
+    OneReplica {
+        etcd,
+        _up: up,
+        _dir: dir,
+        _replica: replica,
+        url,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn during_an_etcd_outage_a_refusal_says_the_confirmation_failed_and_carries_the_mark() {
+    let _serial = SERIAL.lock().await;
+    let mut one = one_replica("/outage/", REQUEST_TIMEOUT).await;
+    let url = one.url.clone();
+    one.etcd.stop();
     // An equal token persists nothing: what failed is the confirmation read.
     let refused = post(&url, Some("51")).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
@@ -1061,7 +1087,7 @@ async fn during_an_etcd_outage_a_refusal_says_the_confirmation_failed_and_carrie
             .contains("could not confirm the mark"),
         "{higher}"
     );
-    etcd.restart().await;
+    one.etcd.restart().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1480,19 +1506,8 @@ async fn fifty_warehouses_with_real_locks_through_the_layer_on_etcd_marks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmation_behind_a_hung_read_is_answered_within_its_own_timeout() {
     let _serial = SERIAL.lock().await;
-    let etcd = etcd::Etcd::single().await;
-    let up = support::upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let text = replica_config(
-        up.addr,
-        &etcd.endpoints(),
-        "/hung/",
-        "linearizable",
-        &["orders".to_owned()],
-    );
-    let r = spawn_replica(dir.path(), "r.toml", &text);
-    let url = format!("http://{}/orders/1", r.addr);
-    assert_eq!(post(&url, Some("51")).await.status, 200);
+    let one = one_replica("/hung/", REQUEST_TIMEOUT).await;
+    let (etcd, url) = (&one.etcd, one.url.clone());
     let pid = etcd.pid(0).unwrap().to_string();
     kill("-STOP", &pid);
     // The first request's round reads (and hangs); the second joins the next round halfway.
@@ -1522,21 +1537,9 @@ async fn a_confirmation_behind_a_hung_read_is_answered_within_its_own_timeout() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_reset_by_a_killed_member_is_retried_within_the_timeout() {
     let _serial = SERIAL.lock().await;
-    let mut etcd = etcd::Etcd::single().await;
-    let up = support::upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let text = replica_config(
-        up.addr,
-        &etcd.endpoints(),
-        "/reset/",
-        "linearizable",
-        &["orders".to_owned()],
-    )
-    .replace("request_timeout_ms = 1000", "request_timeout_ms = 8000");
-    let r = spawn_replica(dir.path(), "r.toml", &text);
-    let url = format!("http://{}/orders/1", r.addr);
-    assert_eq!(post(&url, Some("51")).await.status, 200);
-    let pid = etcd.pid(0).unwrap().to_string();
+    let mut one = one_replica("/reset/", Duration::from_secs(8)).await;
+    let url = one.url.clone();
+    let pid = one.etcd.pid(0).unwrap().to_string();
     // The request's read is on the wire when the member dies: its connection is reset.
     kill("-STOP", &pid);
     let pending = tokio::spawn({
@@ -1544,8 +1547,8 @@ async fn a_connection_reset_by_a_killed_member_is_retried_within_the_timeout() {
         async move { post(&url, Some("51")).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    etcd.stop(); // SIGKILL
-    etcd.restart().await;
+    one.etcd.stop(); // SIGKILL
+    one.etcd.restart().await;
     let answer = pending.await.unwrap();
     assert_eq!(answer.status, 200, "{}", answer.text());
 }

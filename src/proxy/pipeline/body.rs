@@ -174,6 +174,12 @@ impl RequestBody {
         }
     }
 
+    /// Whether there are no body bytes to send, asked without the side effect of
+    /// `is_end_stream` (which hyper calls as it writes the head).
+    pub(super) fn is_bodiless(&self) -> bool {
+        self.inner.as_ref().is_none_or(Body::is_end_stream)
+    }
+
     /// What tells whether this body went upstream whole.
     pub(super) fn delivered(&self) -> Option<Delivered> {
         self.delivered.clone()
@@ -289,6 +295,11 @@ impl Body for RequestBody {
         // hyper asks when it writes the head (a request without a body is then sent whole) and
         // after each data frame (a Content-Length body's last bytes): it writes what it has and
         // stops polling, so this is where the end is handed over.
+        // A drain aborted the request: not the end, so that hyper polls the body and gets the
+        // abort's error rather than sending a bodiless request whole later.
+        if self.flight.as_ref().is_some_and(Flight::is_aborted) {
+            return false;
+        }
         let end = self.inner.as_ref().is_none_or(Body::is_end_stream);
         if let (true, Some(d)) = (end, &self.delivered) {
             d.set();

@@ -80,8 +80,9 @@ pub(super) async fn forward(
             })
         }
         Via::Pooled(client) => {
-            // A bodiless request can be sent again when the upstream never processed it.
-            let again = Again::of(&req);
+            // A bodiless request can be sent again when the upstream did not process it; never
+            // a guarded one (a drain may abort it, and its ticket rides on the first send).
+            let again = abort.is_none().then(|| Again::of(&req)).flatten();
             // The pooled client's future is `Unpin` and owns everything: an aborted request
             // can hand it to a task of its own (see below).
             let mut pending = client.request(req);
@@ -147,8 +148,8 @@ struct Again {
 impl Again {
     /// `None` for a request with a body: its bytes are gone once sent, so it is sent once.
     fn of(req: &Request<RequestBody>) -> Option<Self> {
-        use http_body::Body;
-        req.body().is_end_stream().then(|| Self {
+        // Not `is_end_stream`, which tells the body's `Delivered` that the head went out.
+        req.body().is_bodiless().then(|| Self {
             method: req.method().clone(),
             uri: req.uri().clone(),
             version: req.version(),
@@ -296,4 +297,23 @@ pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Again, RequestBody};
+    use crate::proxy::pipeline::body::Delivered;
+
+    /// Keeping what it takes to send a request again must not tell its drain that the request
+    /// went out: a guarded request that is not sent yet must stay abortable.
+    #[test]
+    fn keeping_a_request_for_another_send_does_not_count_it_as_delivered() {
+        let delivered = Delivered::default();
+        let req = http::Request::new(RequestBody::none(Some(delivered.clone())));
+        assert!(
+            Again::of(&req).is_some(),
+            "a bodiless request can be sent again"
+        );
+        assert!(!delivered.is_whole());
+    }
 }

@@ -11,9 +11,10 @@
 //! `Transfer-Encoding`, and keeps no line ends), so on hyper's HTTP/1.x connections
 //! [`Follow`] reads the bytes as hyper reads them, message by message (heads, then bodies by
 //! their length or chunks), and marks the first ambiguous head; the service answers that
-//! request with [`refused`] instead of serving it. Where the bytes stop being plain HTTP/1.x
-//! messages (an upgrade, CONNECT, a head or chunk hyper will refuse anyway) following stops:
-//! hyper's own rules still hold there.
+//! request with [`refused`] instead of serving it. Where the bytes stop being HTTP/1.x
+//! messages hyper would take (a head or chunk hyper refuses itself, closing the connection)
+//! following stops. An upgrade or CONNECT is followed like any request: after a 101 or a
+//! tunnel hyper hands the service nothing more, and otherwise the connection goes on.
 
 use http::{Response, StatusCode};
 
@@ -125,19 +126,43 @@ impl Follow {
             match self {
                 Follow::Off => break,
                 Follow::Head(head) => {
+                    // A head that arrives whole is parsed where it is; only a partial one is
+                    // kept.
                     let start = head.len();
-                    head.extend_from_slice(bytes);
-                    let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
-                    let mut req = httparse::Request::new(&mut fields);
-                    let len = match req.parse(head) {
-                        Ok(httparse::Status::Complete(len)) => len,
-                        Ok(httparse::Status::Partial) if head.len() <= MAX_FOLLOWED_HEAD => break,
-                        _ => {
+                    if start > 0 {
+                        head.extend_from_slice(bytes);
+                    }
+                    let parsed = {
+                        let src: &[u8] = if start == 0 { bytes } else { head };
+                        let mut fields = [httparse::EMPTY_HEADER; MAX_FIELDS];
+                        let mut req = httparse::Request::new(&mut fields);
+                        match req.parse(src) {
+                            Ok(httparse::Status::Complete(len)) => Some(Some((
+                                len,
+                                ambiguity(&src[..len], req.headers),
+                                body_of(&req),
+                            ))),
+                            Ok(httparse::Status::Partial) => Some(None),
+                            Err(_) => None,
+                        }
+                    };
+                    let (len, ambiguous, next) = match parsed {
+                        Some(Some(done)) => done,
+                        Some(None) => {
+                            if start == 0 {
+                                head.extend_from_slice(bytes);
+                            }
+                            if head.len() > MAX_FOLLOWED_HEAD {
+                                *self = Follow::Off;
+                            }
+                            break;
+                        }
+                        None => {
                             *self = Follow::Off;
                             break;
                         }
                     };
-                    // The head was incomplete without these bytes: it ends inside them.
+                    // A head that was incomplete without these bytes ends inside them.
                     let Some(used) = len.checked_sub(start) else {
                         *self = Follow::Off;
                         break;
@@ -145,23 +170,13 @@ impl Follow {
                     bytes = &bytes[used..];
                     let index = found.heads;
                     found.heads += 1;
-                    let next = if let Some(a) = ambiguity(&head[..len], req.headers) {
+                    if let Some(a) = ambiguous {
                         tracing::debug!(ambiguity = ?a, "ambiguous request framing");
                         found.ambiguous = Some(index);
-                        Follow::Off
-                    } else {
-                        body_of(&req)
-                    };
-                    // The buffer is kept for the next head.
-                    let mut buf = std::mem::take(head);
-                    buf.clear();
-                    *self = match next {
-                        Follow::Head(_) => Follow::Head(buf),
-                        other => other,
-                    };
-                    if found.ambiguous.is_some() {
+                        *self = Follow::Off;
                         break;
                     }
+                    *self = next;
                 }
                 Follow::Length(n) => {
                     let take = usize::try_from(*n).unwrap_or(usize::MAX).min(bytes.len());
@@ -194,9 +209,9 @@ fn body_of(req: &httparse::Request<'_, '_>) -> Follow {
             .find(|h| h.name.eq_ignore_ascii_case(n))
             .map(|h| h.value)
     };
-    if req.method == Some("CONNECT") || field("upgrade").is_some() {
-        return Follow::Off; // the bytes may stop being HTTP/1.x messages
-    }
+    // An upgrade or CONNECT is followed by its framing too: a route that does not take it
+    // over answers it as a plain request, and the connection goes on with HTTP/1.x (after a
+    // 101 or a tunnel, hyper hands the service nothing more, whatever is marked here).
     if let Some(codings) = field("transfer-encoding") {
         let last = codings.rsplit(|b| *b == b',').next().unwrap_or_default();
         return if last.trim_ascii().eq_ignore_ascii_case(b"chunked") {
@@ -338,11 +353,23 @@ mod tests {
         }
     }
 
+    /// An upgrade that a route does not take over is answered as a plain request and the
+    /// connection goes on: what follows it is followed just the same.
+    #[test]
+    fn an_upgrade_request_does_not_stop_the_following() {
+        let bad = "POST /b HTTP/1.1\r\nhost: x\r\ncontent-length: 1\r\ntransfer-encoding: chunked\r\n\r\n";
+        for first in [
+            "GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+            "CONNECT a:1 HTTP/1.1\r\nhost: a:1\r\n\r\n",
+        ] {
+            let (f, _) = fed(&[first, bad]);
+            assert_eq!(f, vec![found(1, None), found(1, Some(0))], "{first:?}");
+        }
+    }
+
     #[test]
     fn what_is_not_plain_http_stops_being_followed() {
         for head in [
-            "GET /ws HTTP/1.1\r\nhost: x\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
-            "CONNECT a:1 HTTP/1.1\r\nhost: a:1\r\n\r\n",
             "POST /b HTTP/1.1\r\nhost: x\r\ntransfer-encoding: gzip\r\n\r\n",
             "GET / HTTP/1.1\r\nho st: x\r\n\r\n",
         ] {
