@@ -101,3 +101,28 @@ median() { sort -g | awk '{v[NR]=$1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[N
 
 # CPU clock ticks (user + system) process $1 has used; 0 without a pid.
 cpu_ticks() { if [[ -n ${1:-} ]]; then awk '{print $14 + $15}' "/proc/$1/stat"; else echo 0; fi; }
+
+# proxy_nginx_conf FILE PORT UPSTREAM_PORT CONNECTIONS UPSTREAM_KEEPALIVE: the reference
+# reverse proxy (nginx, 1 worker) on PORT in front of UPSTREAM_PORT, with upstream keep-alive.
+proxy_nginx_conf() {
+  local dir; dir=$(dirname "$1")
+  cat >"$1" <<CONF
+worker_processes 1;
+pid $dir/nginx.pid;
+error_log $dir/nginx.err warn;
+events { worker_connections $4; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  upstream legacy { server 127.0.0.1:$3; $5 }
+  server {
+    listen 127.0.0.1:$2;
+    location / {
+      proxy_pass http://legacy;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+CONF
+}

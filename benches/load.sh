@@ -50,25 +50,7 @@ UP=$(free_port); NGX=$(free_port); HAP=$(free_port); PAL=$(free_port); ADM=$(fre
 BPAL=$(free_port); BADM=$(free_port)
 
 upstream_conf "$WORK/upstream.conf" "$UP"
-cat >"$WORK/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err warn;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  upstream legacy { server 127.0.0.1:$UP; keepalive 1024; }
-  server {
-    listen 127.0.0.1:$NGX;
-    location / {
-      proxy_pass http://legacy;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-CONF
+proxy_nginx_conf "$WORK/nginx.conf" "$NGX" "$UP" 4096 "keepalive 1024;"
 cat >"$WORK/haproxy.cfg" <<CONF
 global
   nbthread 1

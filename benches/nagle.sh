@@ -77,25 +77,7 @@ PY
 "${LOAD_CPU[@]}" python3 "$WORK/nodelay.py" "$NODELAY" >"$WORK/nodelay.log" 2>&1 & PIDS+=($!)
 NODELAY_PID=$!
 
-cat >"$WORK/nginx.conf" <<CONF
-worker_processes 1;
-pid $WORK/nginx.pid;
-error_log $WORK/nginx.err warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  keepalive_requests 1000000;
-  upstream legacy { server 127.0.0.1:$UP; keepalive 16; keepalive_requests 1000000; }
-  server {
-    listen 127.0.0.1:$NGX;
-    location / {
-      proxy_pass http://legacy;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-CONF
+proxy_nginx_conf "$WORK/nginx.conf" "$NGX" "$UP" 1024 "keepalive 16; keepalive_requests 1000000;"
 "${PROXY_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/nginx.conf" -g 'daemon off;' & PIDS+=($!)
 
 NAMES=(nodelay direct nginx)
