@@ -7,6 +7,7 @@ pub mod access_log;
 pub mod admin;
 pub mod app;
 pub mod config;
+mod error_chain;
 #[cfg(feature = "etcd")]
 pub mod hold_cli;
 pub mod host;

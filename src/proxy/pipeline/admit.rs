@@ -11,12 +11,13 @@ use http::header::HeaderValue;
 use http::Response;
 use http_body_util::Full;
 
-use super::body::{BodyLimit, InflightGuard};
 use super::fields::Fields;
 use super::note::Note;
 use super::request::{
     framing_refusal, grpc_content_type, has_body, is_bodiless_method, request_host, RequestView,
 };
+use super::request_body::BodyLimit;
+use super::response_body::InflightGuard;
 use super::upstream::Upstream;
 use super::{Proxy, Route, Routed};
 use crate::config::GetBodies;

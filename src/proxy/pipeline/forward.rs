@@ -10,11 +10,12 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::affine::{self, Held, Home};
-use super::body::{Delivered, RequestBody};
+use super::request_body::{Delivered, RequestBody};
+use super::upstream::http1::{self, Held, Home};
 use super::upstream::{Upstream, Via};
 use super::Affinity;
 use crate::drain::Generation;
+use crate::proxy::error_chain::error_chain;
 use crate::reject::Rejection;
 
 /// How long an aborted request's pooled (h2c) exchange is kept alive so that it ends with an
@@ -66,7 +67,7 @@ pub(super) async fn forward(
             };
             // Combinators, not an async block: the request lives in one place (the send) and
             // the state every request moves stays small (see [`Abortable`]).
-            let sent = affine::send(&home, &upstream.dialer, connect, req);
+            let sent = http1::send(&home, &upstream.dialer, connect, req);
             // HTTP/1.1: dropping the exchange closes the upstream connection, before the body
             // is complete if it was still being sent, so the upstream never sees its end.
             let Some(r) = abortable(Within::new(limit, sent), abort).await else {
@@ -284,25 +285,10 @@ impl<F: Future> Future for Within<F> {
 /// on, for HTTP/1.1), or the refusal to send.
 pub(super) type Answer = Result<(Response<Incoming>, Option<Held>), Rejection>;
 
-pub(super) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        // Some errors (hyper's among them) already say their cause in their own text.
-        let cause = c.to_string();
-        if !s.contains(&cause) {
-            s.push_str(": ");
-            s.push_str(&cause);
-        }
-        cur = c.source();
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::{Again, RequestBody};
-    use crate::proxy::pipeline::body::Delivered;
+    use crate::proxy::pipeline::request_body::Delivered;
 
     /// Keeping what it takes to send a request again must not tell its drain that the request
     /// went out: a guarded request that is not sent yet must stay abortable.

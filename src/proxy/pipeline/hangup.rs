@@ -24,8 +24,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::body::{Delivered, InflightGuard};
 use super::forward::ABORT_HOLD;
+use super::request_body::Delivered;
+use super::response_body::InflightGuard;
 use crate::drain::Ticket;
 
 /// The exchange's future, with what must live as long as it does once the request went out

@@ -5,10 +5,7 @@
 //! passed the guard (the pooled clients never retry).
 
 mod admit;
-mod affine;
-mod body;
 mod build;
-mod dial;
 pub(crate) mod fast;
 mod fields;
 mod forward;
@@ -16,11 +13,11 @@ mod hangup;
 mod note;
 mod refuse;
 mod request;
+mod request_body;
+mod response_body;
 mod rewrite;
 mod stale_log;
-mod tls;
 mod unread;
-mod up_tcp;
 mod upgrade;
 mod upstream;
 
@@ -35,9 +32,10 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 pub use crate::flight::{Aborted, BodyError};
-pub use affine::Affinity;
-pub use body::{RequestBody, Tracked};
 pub use build::CarriedOver;
+pub use request_body::RequestBody;
+pub use response_body::Tracked;
+pub use upstream::http1::Affinity;
 
 use self::admit::Admitted;
 use self::forward::{forward, Abort, Forwarded};
@@ -184,7 +182,7 @@ impl Proxy {
         let multiplexed = matches!(upstream.via, upstream::Via::Pooled(_));
         // Whether the body went out whole: for the drain (guarded requests), and for what
         // becomes of an HTTP/2 exchange whose client goes away (`hangup`).
-        let delivered = (ticket.is_some() || multiplexed).then(body::Delivered::default);
+        let delivered = (ticket.is_some() || multiplexed).then(request_body::Delivered::default);
         // A WebSocket upgrade on a route that allows it: the client's connection is taken over
         // once palisade answers 101.
         let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
@@ -192,7 +190,7 @@ impl Proxy {
             .map(|on| (on, req.extensions_mut().remove::<ConnHold>()));
         // Only a body can fail on the client's side while the upstream exchange runs.
         let client_failed =
-            (!http_body::Body::is_end_stream(req.body())).then(body::ClientFailed::default);
+            (!http_body::Body::is_end_stream(req.body())).then(request_body::ClientFailed::default);
         let mut req = prepare(
             req,
             Forward {
@@ -307,7 +305,7 @@ impl Proxy {
             Err(_)
                 if client_failed
                     .as_ref()
-                    .is_some_and(body::ClientFailed::is_set) =>
+                    .is_some_and(request_body::ClientFailed::is_set) =>
             {
                 self.client_closed(route, token, note).map(Either::Right)
             }

@@ -8,8 +8,8 @@ use http::uri::PathAndQuery;
 use http::{Request, Uri, Version};
 use hyper::body::Incoming;
 
-use super::body::RequestBody;
 use super::fields::{is_text, same_name, Fields, FieldsMut, NewValue};
+use super::request_body::RequestBody;
 use super::upstream::Upstream;
 use crate::config::{Protocol, RouteSettings};
 
@@ -19,11 +19,11 @@ pub(super) struct Forward<'a> {
     /// The request body's half of a guarded request's drain ticket.
     pub(super) ticket: Option<crate::drain::Ticket>,
     /// `max_body_bytes`, counted as the body streams (its length was not known up front).
-    pub(super) limit: Option<super::body::BodyLimit>,
+    pub(super) limit: Option<super::request_body::BodyLimit>,
     /// A guarded request's "handed over whole" flag.
-    pub(super) delivered: Option<super::body::Delivered>,
+    pub(super) delivered: Option<super::request_body::Delivered>,
     /// Set when the client's body fails.
-    pub(super) client_failed: Option<super::body::ClientFailed>,
+    pub(super) client_failed: Option<super::request_body::ClientFailed>,
 }
 
 /// What [`rewrite_head`] needs to know beyond the request head itself.

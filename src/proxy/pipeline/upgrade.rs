@@ -19,11 +19,13 @@ use hyper::client::conn::http1;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 
-use super::body::{InflightGuard, RequestBody};
-use super::forward::{abortable, error_chain, Forwarded};
+use super::forward::{abortable, Forwarded};
+use super::request_body::RequestBody;
+use super::response_body::InflightGuard;
 use super::upstream::Upstream;
 use crate::config::RouteSettings;
 use crate::drain::{Generation, Ticket};
+use crate::proxy::error_chain::error_chain;
 use crate::reject::Rejection;
 use crate::server::ConnHold;
 

@@ -15,7 +15,7 @@
 //!   stream for as long as they need.
 //!
 //! A request is "in progress" from the moment hyper hands it to the service until its response
-//! body has ended or was dropped ([`Counted`]).
+//! body has ended or was dropped ([`ActiveBody`](super::ActiveBody)).
 
 use std::future::Future;
 use std::io;
@@ -25,15 +25,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::framing::Follow;
 use super::linger::Closing;
-use super::state::{Active, Reason, State};
+use super::state::{Reason, State};
 use super::wake::Gate;
 use super::Limits;
 use crate::metrics::ConnMetrics;
@@ -127,73 +125,6 @@ impl<I: AsyncRead + AsyncWrite + Unpin> Watched<I> {
             return Pin::new(&mut self.io).poll_shutdown(cx);
         }
         self.closing.poll_close(&mut self.io, cx)
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// A response body that keeps its request counted as in progress until it ends or is
-    /// dropped.
-    pub struct Counted<B> {
-        // `None`: an empty body of the server's own (see `head::refused`).
-        #[pin]
-        inner: Option<B>,
-        active: Option<Active>,
-    }
-}
-
-impl<B> Counted<B> {
-    pub(super) fn new(inner: B, active: Active) -> Self {
-        Self {
-            inner: Some(inner),
-            active: Some(active),
-        }
-    }
-
-    /// An empty body for an answer the server gives itself.
-    pub(super) fn empty() -> Self {
-        Self {
-            inner: None,
-            active: None,
-        }
-    }
-}
-
-impl<B> std::fmt::Debug for Counted<B> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Counted").finish_non_exhaustive()
-    }
-}
-
-impl<B> Body for Counted<B>
-where
-    B: Body<Data = Bytes>,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
-        let Some(inner) = this.inner.as_pin_mut() else {
-            return Poll::Ready(None);
-        };
-        let r = inner.poll_frame(cx);
-        if matches!(r, Poll::Ready(None | Some(Err(_)))) {
-            *this.active = None;
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner
-            .as_ref()
-            .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
     }
 }
 

@@ -18,7 +18,7 @@
 
 use http::{Response, StatusCode};
 
-use super::conn::Counted;
+use super::body::ActiveBody;
 
 /// Why a request head's framing is ambiguous.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,8 +56,8 @@ pub(crate) fn ambiguity(raw: &[u8], fields: &[httparse::Header<'_>]) -> Option<A
 /// The answer to an ambiguous head on hyper's path, as the fast path gives it: 400, empty,
 /// and the connection closed after it (where the request ends is not known, so nothing after
 /// it can be read as a request).
-pub(super) fn refused<B>() -> Response<Counted<B>> {
-    let mut resp = Response::new(Counted::empty());
+pub(super) fn refused<B>() -> Response<ActiveBody<B>> {
+    let mut resp = Response::new(ActiveBody::empty());
     *resp.status_mut() = StatusCode::BAD_REQUEST;
     let h = resp.headers_mut();
     h.insert(

@@ -10,7 +10,7 @@
 
 use http::{Request, Response, StatusCode, Version};
 
-use super::conn::Counted;
+use super::body::ActiveBody;
 
 /// Whether the head of `req` took more than `max` bytes on the wire (a lower bound of its
 /// size: `METHOD target HTTP/1.1`, each `name:value` with its line end, the empty line).
@@ -34,8 +34,8 @@ pub(super) fn over_limit<B>(req: &Request<B>, max: usize) -> bool {
 
 /// The answer to such a head, as hyper gives it for a first one: 431, empty, and the
 /// connection closed after it.
-pub(super) fn refused<B>() -> Response<Counted<B>> {
-    let mut resp = Response::new(Counted::empty());
+pub(super) fn refused<B>() -> Response<ActiveBody<B>> {
+    let mut resp = Response::new(ActiveBody::empty());
     *resp.status_mut() = StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE;
     resp.headers_mut().insert(
         http::header::CONNECTION,

@@ -60,6 +60,7 @@ macro_rules! write_through {
 }
 pub(crate) use write_through;
 
+mod body;
 mod conn;
 mod count;
 pub(crate) mod framing;
@@ -89,7 +90,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::metrics::ConnMetrics;
 
-pub use conn::Counted;
+pub use body::ActiveBody;
 pub use count::ConnHold;
 use count::Counting;
 pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
@@ -315,7 +316,7 @@ pub async fn serve_first<H, F, B, C>(
                 .then(|| Box::pin(handle(req, client, &svc_local)));
             async move {
                 Ok::<_, Infallible>(match fut {
-                    Some(fut) => fut.await.map(|b| Counted::new(b, active)),
+                    Some(fut) => fut.await.map(|b| ActiveBody::new(b, active)),
                     None if ambiguous => framing::refused(),
                     None => head::refused(),
                 })

@@ -5,8 +5,8 @@
 use tokio::io::AsyncWriteExt;
 
 use super::exchange::BODY_CHUNK;
+use super::shared::Logged;
 use super::{write, After, Conn};
-use crate::proxy::pipeline::note::Logged;
 
 impl Conn {
     /// Skips the body of a request answered without sending it upstream; `false` when it is

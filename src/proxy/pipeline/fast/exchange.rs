@@ -7,11 +7,8 @@ use std::time::Instant;
 
 use super::head::{Head, View};
 use super::response::ResponseHead;
-use super::upstream::UpSock;
+use super::shared::{rewrite, Admitted, Logged, Note, Proxy, UpSock};
 use super::{upstream_head, write, After, Conn};
-use crate::proxy::pipeline::note::{Logged, Note};
-use crate::proxy::pipeline::rewrite;
-use crate::proxy::pipeline::{Admitted, Proxy};
 use crate::reject::Rejection;
 
 /// Request body bytes are moved in pieces of at most this size.

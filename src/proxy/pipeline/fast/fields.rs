@@ -5,12 +5,12 @@
 //! field per request, for heads that are read once, edited in two or three places and written
 //! out again. Here the fields stay where httparse found them; the store's vectors are kept for
 //! the connection's life, so a request allocates nothing. The edits behave as `HeaderMap`'s,
-//! field order included (see [`super::super::fields`]), so that [`FieldList::write`] writes
+//! field order included (see [`super::shared::Fields`]), so that [`FieldList::write`] writes
 //! what hyper's path would.
 
 use http::header::HeaderName;
 
-use crate::proxy::pipeline::fields::{same_name, Fields, FieldsMut, NewValue};
+use super::shared::{same_name, Fields, FieldsMut, NewValue};
 
 /// Where a name's or a value's bytes are: `at` and `len` in the head's own bytes, or, with
 /// [`EXTRA`] set in `at`, in the store's `extra` bytes (what the rewriting added). Plain
@@ -250,8 +250,8 @@ impl FieldsMut for FieldList<'_> {
 mod tests {
     use http::header::{HeaderMap, HeaderValue};
 
+    use super::super::shared::rewrite::strip_hop_by_hop;
     use super::*;
-    use crate::proxy::pipeline::rewrite::strip_hop_by_hop;
 
     /// Each field as `name: value` in `HeaderMap` order, as the fast path wrote heads before
     /// it had its own list.

@@ -24,15 +24,12 @@ use std::ops::Range;
 use http::Version;
 
 use super::fields::{FieldList, FieldStore};
-use super::target;
-use crate::proxy::pipeline::request::RequestView;
+use super::shared::RequestView;
+use super::target::{self, MAX_URI_LEN};
 use crate::server::framing;
 
 /// hyper's own limit on request headers (its `DEFAULT_MAX_HEADERS`).
 pub(super) const MAX_HEADERS: usize = 100;
-
-/// hyper answers 414 above this URI length: such requests go to hyper.
-pub(super) const MAX_URI_LEN: usize = (u16::MAX - 1) as usize;
 
 /// What the bytes at the start of the buffer are.
 pub(super) enum Parsed {

@@ -28,8 +28,8 @@ mod head;
 mod relay;
 mod response;
 mod send;
+mod shared;
 mod target;
-mod upstream;
 mod upstream_head;
 mod write;
 
@@ -41,8 +41,7 @@ use tokio::net::TcpStream;
 
 use self::fields::FieldStore;
 use self::head::{Parsed, View};
-use self::upstream::UpSock;
-use super::{Affinity, Proxy, Routed};
+use self::shared::{Affinity, Proxy, Routed, UpSock};
 use crate::config::Protocol;
 use crate::drain::AbortWatch;
 use crate::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
@@ -231,7 +230,7 @@ impl Proxy {
     /// would be routed to a WebSocket route or an upstream that is not plain HTTP/1.1. A
     /// request that will be refused is served too: the refusal is the same code.
     fn fast_takes(&self, req: &View<'_>) -> bool {
-        use super::request::RequestView;
+        use self::shared::RequestView;
         let Ok(normal) = crate::path::normalize(req.path()) else {
             return true;
         };
@@ -245,10 +244,7 @@ impl Proxy {
     }
 
     /// Whether requests routed to `r` can take the fast path.
-    pub(super) fn fast_route(
-        r: &super::Route,
-        upstreams: &[Arc<super::upstream::Upstream>],
-    ) -> bool {
+    pub(super) fn fast_route(r: &super::Route, upstreams: &[Arc<shared::Upstream>]) -> bool {
         let u = &upstreams[r.settings.upstream];
         !r.settings.websocket && u.settings.protocol == Protocol::Http1 && u.raw_idle.is_some()
     }

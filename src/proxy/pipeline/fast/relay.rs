@@ -4,13 +4,11 @@
 
 use tokio::io::AsyncWriteExt;
 
-use super::super::up_tcp;
 use super::exchange::{Answer, BODY_CHUNK};
 use super::response::{Chunks, Framing, ResponseHead};
+use super::shared::rewrite::strip_hop_by_hop;
+use super::shared::{socket, Fields, FieldsMut, Proxy};
 use super::{write, After, Conn};
-use crate::proxy::pipeline::fields::{Fields, FieldsMut};
-use crate::proxy::pipeline::rewrite::strip_hop_by_hop;
-use crate::proxy::pipeline::Proxy;
 
 /// The response could not be relayed whole (the upstream or the client failed, or the body's
 /// framing was invalid): the client connection must be closed.
@@ -102,7 +100,7 @@ impl Conn {
                 while left > 0 {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
-                    match up_tcp::read_more(&sock.tcp, ubuf).await {
+                    match socket::read_more(&sock.tcp, ubuf).await {
                         Ok(0) | Err(_) => return Err(Cut),
                         Ok(_) => {}
                     }
@@ -124,7 +122,7 @@ impl Conn {
                 while !chunks.done() {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
-                    match up_tcp::read_more(&sock.tcp, ubuf).await {
+                    match socket::read_more(&sock.tcp, ubuf).await {
                         Ok(0) | Err(_) => return Err(Cut),
                         Ok(_) => {}
                     }
@@ -141,7 +139,7 @@ impl Conn {
                 loop {
                     ubuf.clear();
                     ubuf.reserve(BODY_CHUNK);
-                    match up_tcp::read_more(&sock.tcp, ubuf).await {
+                    match socket::read_more(&sock.tcp, ubuf).await {
                         Ok(0) => break,
                         Err(_) => return Err(Cut),
                         Ok(_) => client.write_all(ubuf).await.map_err(|_| Cut)?,

@@ -7,14 +7,10 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::super::up_tcp;
 use super::exchange::{Answer, Failed, BODY_CHUNK};
 use super::response::{self, Read, ResponseHead};
-use super::upstream;
+use super::shared::{error_chain, socket, upstream, Logged, Upstream, ABORT_HOLD};
 use super::Conn;
-use crate::proxy::pipeline::forward::{error_chain, ABORT_HOLD};
-use crate::proxy::pipeline::note::Logged;
-use crate::proxy::pipeline::upstream::Upstream;
 use crate::reject::Rejection;
 
 impl Conn {
@@ -192,7 +188,7 @@ async fn read_head(
                     up.read_buf(ubuf).await
                 } else {
                     // A head cut in two: its first part is acknowledged at once.
-                    up_tcp::read_more(up.as_ref(), ubuf).await
+                    socket::read_more(up.as_ref(), ubuf).await
                 };
                 match read {
                     Ok(0) => {

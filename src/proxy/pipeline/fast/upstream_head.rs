@@ -8,7 +8,7 @@
 //! would send.
 
 use super::head::View;
-use crate::proxy::pipeline::rewrite::{self, client_authority, rewrite_fields, upstream_target};
+use super::shared::rewrite::{self, client_authority, rewrite_fields, upstream_target};
 
 /// Writes the upstream's head for the request in `view` (an admitted one, to an HTTP/1.1
 /// upstream): `rewritten`, the normal form of its path when it differs; `rules`, the rest of
@@ -49,14 +49,13 @@ mod tests {
 
     use super::super::fields::FieldStore;
     use super::super::head::{parse, Parsed};
+    use super::super::shared::rewrite::rewrite_head;
+    use super::super::shared::{has_body, is_bodiless_method, request_host, Proxy};
     use super::*;
     use crate::admission::Admission;
     use crate::config::Config;
     use crate::marks::MemoryStore;
     use crate::metrics::Metrics;
-    use crate::proxy::pipeline::request::{has_body, is_bodiless_method, request_host};
-    use crate::proxy::pipeline::rewrite::rewrite_head;
-    use crate::proxy::pipeline::Proxy;
 
     const CONFIG: &str = r#"
 [proxy]

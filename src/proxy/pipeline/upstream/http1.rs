@@ -12,7 +12,7 @@
 //! Where a connection lives between requests:
 //! - in its client connection's [`Affinity`] slot, taken by that connection's next request
 //!   (HTTP/1.1 clients send one request at a time, so the slot is almost always a hit);
-//! - in the upstream's shared [`IdlePool`] when the slot was taken (HTTP/2 clients with
+//! - in the upstream's shared [`IdlePool`](super::pool::IdlePool) when the slot was taken (HTTP/2 clients with
 //!   concurrent streams) or its client connection closed, so short client connections do
 //!   not pay a new upstream connect each time.
 //!
@@ -33,19 +33,17 @@ use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
-use super::body::RequestBody;
 use super::dial::{DialError, Dialer};
+use super::pool::IdlePool;
+use super::socket::Check;
 use super::tls::UpIo;
-use super::up_tcp::Check;
-
-/// At most this many idle connections are kept per upstream.
-const MAX_IDLE: usize = 1024;
+use crate::proxy::pipeline::request_body::RequestBody;
 
 type Conn<B> = http1::Connection<TokioIo<UpIo>, B>;
 
 /// One upstream HTTP/1.1 connection: the handle that sends requests and the future that does
 /// the I/O, which whoever holds it must poll. (Generic over the request body for its tests.)
-pub(super) struct UpConn<B: hyper::body::Body + 'static = RequestBody> {
+pub(crate) struct UpConn<B: hyper::body::Body + 'static = RequestBody> {
     sender: http1::SendRequest<B>,
     conn: Pin<Box<Conn<B>>>,
     /// The connection future returned (the upstream closed it, or it failed).
@@ -75,61 +73,11 @@ where
 
     /// Whether the connection can take a request now, polled once with `cx`: bytes or a
     /// close that reached the socket while it was idle end hyper's connection here (the
-    /// kernel is asked: `up_tcp`), so a response nobody asked for is never read as the next
+    /// kernel is asked: `socket`), so a response nobody asked for is never read as the next
     /// request's.
     fn usable(&mut self, cx: &mut Context<'_>) -> bool {
         let check = self.check.clone();
         check.now(|| !self.drive(cx)) && matches!(self.sender.poll_ready(cx), Poll::Ready(Ok(())))
-    }
-}
-
-/// The upstream's shared cache of idle connections, most recently used last: hyper's
-/// connections ([`UpConn`]) for the affine path, raw sockets for the HTTP/1.1 fast path.
-pub(super) struct IdlePool<T = UpConn> {
-    idle: Mutex<Vec<(Instant, T)>>,
-    /// An idle connection older than this is closed rather than reused (`idle_timeout_ms`).
-    timeout: Duration,
-}
-
-impl<T> IdlePool<T> {
-    pub(super) fn new(timeout: Duration) -> Self {
-        Self {
-            idle: Mutex::new(Vec::new()),
-            timeout,
-        }
-    }
-
-    /// Keeps `c`, idle since `since`, unless the pool is full or `c` idled too long.
-    pub(super) fn put(&self, since: Instant, c: T) {
-        let now = Instant::now();
-        let mut idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        idle.retain(|(since, _)| now.duration_since(*since) < self.timeout);
-        if idle.len() < MAX_IDLE && now.duration_since(since) < self.timeout {
-            idle.push((since, c));
-        }
-    }
-
-    /// Whether a connection idle since `since` may still be used (`idle_timeout_ms`).
-    pub(super) fn fresh(&self, since: Instant) -> bool {
-        since.elapsed() < self.timeout
-    }
-
-    /// The most recently used connection that has not idled too long.
-    pub(super) fn take(&self) -> Option<T> {
-        let now = Instant::now();
-        let mut idle = self
-            .idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while let Some((since, c)) = idle.pop() {
-            if now.duration_since(since) < self.timeout {
-                return Some(c);
-            }
-        }
-        None
     }
 }
 
@@ -141,7 +89,7 @@ pub struct Affinity {
 
 /// An idle connection in a client connection's slot: which pool it belongs to, since when.
 struct Parked {
-    pool: Arc<IdlePool>,
+    pool: Arc<IdlePool<UpConn>>,
     since: Instant,
     conn: UpConn,
 }
@@ -153,7 +101,7 @@ impl std::fmt::Debug for Affinity {
 }
 
 impl Affinity {
-    fn take(&self, pool: &Arc<IdlePool>) -> Option<UpConn> {
+    fn take(&self, pool: &Arc<IdlePool<UpConn>>) -> Option<UpConn> {
         let mut slot = self
             .slot
             .lock()
@@ -171,7 +119,7 @@ impl Affinity {
         None
     }
 
-    fn put(&self, pool: &Arc<IdlePool>, conn: UpConn) {
+    fn put(&self, pool: &Arc<IdlePool<UpConn>>, conn: UpConn) {
         let since = Instant::now();
         let mut slot = self
             .slot
@@ -204,14 +152,14 @@ impl Drop for Affinity {
 
 /// Where an upstream connection goes back to once its exchange is over.
 #[derive(Clone)]
-pub(super) struct Home {
-    pub(super) affinity: Arc<Affinity>,
-    pub(super) pool: Arc<IdlePool>,
+pub(crate) struct Home {
+    pub(crate) affinity: Arc<Affinity>,
+    pub(crate) pool: Arc<IdlePool<UpConn>>,
 }
 
 /// Why a request could not be sent.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum SendError {
+pub(crate) enum SendError {
     #[error(transparent)]
     Dial(#[from] DialError),
     #[error("http/1.1 handshake failed: {0}")]
@@ -258,7 +206,7 @@ async fn checkout(home: &Home, dialer: &Dialer, timeout: Duration) -> Result<UpC
 /// The request is sent at most once: a reused connection that turns out closed before any of
 /// the request was written (hyper gives the request back) is replaced by a new connection; a
 /// request hyper has started writing is never sent again.
-pub(super) async fn send(
+pub(crate) async fn send(
     home: &Home,
     dialer: &Dialer,
     connect_timeout: Duration,
@@ -338,14 +286,14 @@ impl<F: Future> Future for Exchange<'_, F> {
 
 /// An upstream connection whose response body is still streaming: the response body polls it
 /// and, when the body ended cleanly, gives it back to its [`Home`].
-pub(super) struct Held {
+pub(crate) struct Held {
     conn: Option<UpConn>,
     home: Home,
 }
 
 impl Held {
     /// Drives the connection's I/O (the response body's bytes arrive through it).
-    pub(super) fn drive(&mut self, cx: &mut Context<'_>) {
+    pub(crate) fn drive(&mut self, cx: &mut Context<'_>) {
         if let Some(c) = &mut self.conn {
             c.drive(cx);
         }
@@ -355,7 +303,7 @@ impl Held {
     /// idle. It is not when the upstream answered before the request body was sent in full
     /// (an early 413, say) and hyper is still sending it: that connection is closed, so no
     /// request body is left half-sent on a connection nobody drives.
-    pub(super) fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         let Some(mut c) = self.conn.take() else {
             return;
         };
@@ -382,8 +330,8 @@ mod tests {
     use std::future::Future;
     use tokio::net::TcpStream;
 
+    use super::super::socket::UpTcp;
     use super::super::tls::UpIo;
-    use super::super::up_tcp::UpTcp;
     use super::UpConn;
 
     /// hyper's idle connection, asked whether it can take a request right after the upstream

@@ -18,13 +18,13 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::socket::UpTcp;
 use super::tls::{HyperIo, UpIo, UpstreamTls};
-use super::up_tcp::UpTcp;
 use crate::config::{HealthCheck, UpstreamSettings};
 
 /// Why no connection could be opened.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum DialError {
+pub(crate) enum DialError {
     /// Every address was tried and failed; the last failure is the source.
     #[error(
         "no address of upstream {upstream:?} accepted a connection ({tried} tried); last: {last}"
@@ -39,7 +39,7 @@ pub(super) enum DialError {
 
 /// One address's connect failure.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum AddressError {
+pub(crate) enum AddressError {
     #[error("{address}: tcp connect error: {source}")]
     Connect {
         address: String,
@@ -63,7 +63,7 @@ struct Address {
 }
 
 /// The addresses of one upstream and their health as seen by connects.
-pub(super) struct Dialer {
+pub(crate) struct Dialer {
     upstream: String,
     addresses: Vec<Address>,
     next: AtomicUsize,
@@ -75,7 +75,7 @@ pub(super) struct Dialer {
 }
 
 impl Dialer {
-    pub(super) fn new(settings: &UpstreamSettings) -> Self {
+    pub(crate) fn new(settings: &UpstreamSettings) -> Self {
         let addresses = settings
             .addresses
             .iter()
@@ -109,7 +109,7 @@ impl Dialer {
 
     /// Opens a connection to the next live address, moving on after each failure; for an
     /// `https` upstream, with its TLS handshake (within the same timeout).
-    pub(super) async fn connect(&self, timeout: Duration) -> Result<UpIo, DialError> {
+    pub(crate) async fn connect(&self, timeout: Duration) -> Result<UpIo, DialError> {
         let n = self.addresses.len();
         let start = if n == 1 {
             0
@@ -179,7 +179,7 @@ impl Dialer {
 }
 
 /// Checks every address of `dialer` every `check.interval` until the dialer is dropped.
-pub(super) fn spawn_health_checks(dialer: &Arc<Dialer>, check: HealthCheck, connect: Duration) {
+pub(crate) fn spawn_health_checks(dialer: &Arc<Dialer>, check: HealthCheck, connect: Duration) {
     let weak: Weak<Dialer> = Arc::downgrade(dialer);
     tokio::spawn(async move {
         let mut every = tokio::time::interval(check.interval);
@@ -262,9 +262,9 @@ async fn probe(dialer: &Dialer, a: &Address, path: &str, connect: Duration) -> R
 /// authority the request URI carries (which, for h2c, is the client's, sent on as
 /// :authority).
 #[derive(Clone)]
-pub(super) struct Dial {
-    pub(super) dialer: Arc<Dialer>,
-    pub(super) timeout: Duration,
+pub(crate) struct Dial {
+    pub(crate) dialer: Arc<Dialer>,
+    pub(crate) timeout: Duration,
 }
 
 impl tower_service::Service<Uri> for Dial {

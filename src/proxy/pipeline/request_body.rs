@@ -1,5 +1,5 @@
-//! The bodies palisade streams: the client's request body on its way up, the upstream's
-//! response body on its way back.
+//! The client's request body on its way upstream: drain aborts, `max_body_bytes` counted as
+//! it streams, the token stripped from trailers, and what tells whether it went up whole.
 
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
@@ -8,103 +8,10 @@ use bytes::Bytes;
 use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
-use prometheus::IntGauge;
 
-use super::affine::Held;
-use super::forward::error_chain;
 use crate::drain::Ticket;
 use crate::flight::{poll_fenced, BodyError, Flight};
-
-/// Counts a request in `palisade_inflight_requests` until dropped.
-pub(super) struct InflightGuard(IntGauge);
-
-impl InflightGuard {
-    pub(super) fn new(g: &IntGauge) -> Self {
-        g.inc();
-        Self(g.clone())
-    }
-}
-
-impl Drop for InflightGuard {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
-}
-
-/// The upstream's response body, streamed frame by frame (trailers included), which keeps the
-/// request counted as in flight until it ends or the client goes away.
-///
-/// From an HTTP/1.1 upstream it also drives the upstream connection the body arrives on
-/// (`Held`), and gives that connection back for the next request once the body is over.
-pub struct Tracked {
-    pub(super) inner: Incoming,
-    pub(super) _inflight: InflightGuard,
-    pub(super) flight: Option<Flight>,
-    pub(super) held: Option<Held>,
-    /// Whether the request went upstream whole (see [`Delivered`]).
-    pub(super) delivered: Option<Delivered>,
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        // hyper stops polling a body whose `is_end_stream` is true (a Content-Length body
-        // whose last byte arrived, an empty body): it is over all the same.
-        if self.inner.is_end_stream() {
-            if let Some(h) = &mut self.held {
-                h.release();
-            }
-        }
-    }
-}
-
-impl std::fmt::Debug for Tracked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracked").finish_non_exhaustive()
-    }
-}
-
-impl Body for Tracked {
-    type Data = Bytes;
-    type Error = BodyError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
-        let this = self.get_mut();
-        // A request that went upstream whole was not cut when the drain aborted it (the
-        // upstream may have applied it): its answer is relayed in full, and its ticket given
-        // back at once, since the upstream has answered.
-        if this.flight.as_ref().is_some_and(Flight::is_aborted)
-            && this.delivered.as_ref().is_some_and(Delivered::is_whole)
-        {
-            this.flight = None;
-        }
-        let mut r = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
-        if let Some(held) = &mut this.held {
-            if r.is_pending() {
-                // The body's bytes arrive through the connection's I/O, driven here.
-                held.drive(cx);
-                r = poll_fenced(Pin::new(&mut this.inner), &mut this.flight, cx);
-            }
-            match &r {
-                Poll::Ready(None) => held.release(),
-                // Failed, or aborted by a drain: the connection is closed, never reused.
-                Poll::Ready(Some(Err(_))) => this.held = None,
-                _ => {}
-            }
-        }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
-}
+use crate::proxy::error_chain::error_chain;
 
 /// Whether a guarded request's body has been handed to the upstream connection whole: set
 /// when hyper sees its end (for a request without a body, when hyper starts to write its

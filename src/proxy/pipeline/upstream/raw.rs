@@ -1,7 +1,7 @@
 //! The fast path's upstream sockets: one per client connection, kept between its requests,
 //! and the upstream's shared idle cache for sockets whose client connection ended.
 //!
-//! As in [`super::super::affine`], a request goes client -> guard -> upstream -> client inside
+//! As in [`super::http1`], a request goes client -> guard -> upstream -> client inside
 //! the client connection's task, with no pool lock and no channel on the common path; here the
 //! fast path speaks HTTP/1.1 on the socket itself.
 
@@ -11,32 +11,32 @@ use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use super::super::affine::IdlePool;
-use super::super::dial::{DialError, Dialer};
-use super::super::tls::UpIo;
-use super::super::up_tcp;
+use super::dial::{DialError, Dialer};
+use super::pool::IdlePool;
+use super::socket;
+use super::tls::UpIo;
 
 /// An upstream socket and the idle cache it goes back to.
-pub(super) struct UpSock {
-    pub(super) tcp: TcpStream,
-    pub(super) pool: Arc<IdlePool<TcpStream>>,
+pub(crate) struct UpSock {
+    pub(crate) tcp: TcpStream,
+    pub(crate) pool: Arc<IdlePool<TcpStream>>,
     /// Taken from a cache or kept from an earlier request (not newly dialed).
-    pub(super) reused: bool,
+    pub(crate) reused: bool,
     /// When its last exchange ended: a socket idle longer than the upstream's
     /// `idle_timeout_ms` is closed, not reused, wherever it waited (as on hyper's path).
-    pub(super) idle_since: Instant,
+    pub(crate) idle_since: Instant,
 }
 
 impl UpSock {
     /// Gives a socket whose last exchange ended cleanly back to its upstream's cache.
-    pub(super) fn release(self) {
+    pub(crate) fn release(self) {
         self.pool.put(self.idle_since, self.tcp);
     }
 }
 
 /// Why no socket could be had.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum UpError {
+pub(crate) enum UpError {
     #[error(transparent)]
     Dial(#[from] DialError),
     #[error("the fast path dialed a TLS upstream")]
@@ -45,7 +45,7 @@ pub(super) enum UpError {
 
 /// A socket to the upstream of `pool`: `kept` (the client connection's own) if it belongs to
 /// that upstream and is still open, else a cached one, else a new one.
-pub(super) async fn checkout(
+pub(crate) async fn checkout(
     kept: Option<UpSock>,
     pool: &Arc<IdlePool<TcpStream>>,
     dialer: &Dialer,
@@ -75,7 +75,7 @@ pub(super) async fn checkout(
 }
 
 /// A new socket through the upstream's dialer (round robin, ejection, health).
-pub(super) async fn dial(
+pub(crate) async fn dial(
     pool: &Arc<IdlePool<TcpStream>>,
     dialer: &Dialer,
     timeout: Duration,
@@ -94,5 +94,5 @@ pub(super) async fn dial(
 /// Whether an idle socket is still open with nothing to read, asked of the kernel: an
 /// upstream that closed it (FIN or RST) or sent bytes nobody asked for must not get a request.
 fn open(tcp: &TcpStream) -> bool {
-    up_tcp::idle_and_open(tcp)
+    socket::idle_and_open(tcp)
 }

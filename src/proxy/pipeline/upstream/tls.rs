@@ -14,12 +14,12 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
-use super::up_tcp::{Check, UpTcp};
+use super::socket::{Check, UpTcp};
 use crate::config::{Protocol, UpstreamSettings};
 
 /// The TLS side of an `https` upstream.
 #[derive(Clone)]
-pub(super) struct UpstreamTls {
+pub(crate) struct UpstreamTls {
     connector: tokio_rustls::TlsConnector,
 }
 
@@ -27,7 +27,7 @@ impl UpstreamTls {
     /// `None` for `http` upstreams. The CA file was checked by the config; a file that went
     /// bad since, or a system store that cannot be read, leaves no roots: every handshake then
     /// fails (502) rather than trusting anything.
-    pub(super) fn new(settings: &UpstreamSettings) -> Option<Self> {
+    pub(crate) fn new(settings: &UpstreamSettings) -> Option<Self> {
         if settings.scheme != http::uri::Scheme::HTTPS {
             return None;
         }
@@ -67,7 +67,7 @@ impl UpstreamTls {
     }
 
     /// The TLS handshake on `tcp`, sending `host` as SNI and checking the certificate for it.
-    pub(super) async fn connect(&self, host: &str, tcp: UpTcp) -> io::Result<UpIo> {
+    pub(crate) async fn connect(&self, host: &str, tcp: UpTcp) -> io::Result<UpIo> {
         let name = ServerName::try_from(host.to_owned())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let s = self.connector.connect(name, tcp).await?;
@@ -76,14 +76,14 @@ impl UpstreamTls {
 }
 
 /// A connection to an upstream, plain or TLS.
-pub(super) enum UpIo {
+pub(crate) enum UpIo {
     Plain(UpTcp),
     Tls(Box<TlsStream<UpTcp>>),
 }
 
 impl UpIo {
     /// The handle that checks the connection's socket while hyper owns it.
-    pub(super) fn check(&self) -> Check {
+    pub(crate) fn check(&self) -> Check {
         match self {
             UpIo::Plain(s) => s.check(),
             UpIo::Tls(s) => s.get_ref().0.check(),
@@ -150,7 +150,7 @@ impl AsyncWrite for UpIo {
 }
 
 /// [`UpIo`] for hyper: what the pooled HTTP/2 client's connector returns.
-pub(super) struct HyperIo(pub(super) TokioIo<UpIo>);
+pub(crate) struct HyperIo(pub(crate) TokioIo<UpIo>);
 
 impl Connection for HyperIo {
     fn connected(&self) -> Connected {

@@ -27,7 +27,7 @@ use tokio::net::TcpStream;
 
 /// Whether an idle socket may take a request: open, with nothing to read. `false` when the
 /// upstream closed it (FIN or RST) or sent bytes nobody asked for.
-pub(super) fn idle_and_open(socket: impl AsFd) -> bool {
+pub(crate) fn idle_and_open(socket: impl AsFd) -> bool {
     let mut one = [0u8; 1];
     loop {
         match rustix::net::recv(&socket, &mut one[..], RecvFlags::PEEK | RecvFlags::DONTWAIT) {
@@ -41,14 +41,14 @@ pub(super) fn idle_and_open(socket: impl AsFd) -> bool {
 
 /// Acknowledges what was received now instead of at the delayed-ACK timer. Best effort: a
 /// socket that refuses only keeps the kernel's default.
-pub(super) fn quick_ack(socket: impl AsFd) {
+pub(crate) fn quick_ack(socket: impl AsFd) {
     let _ = rustix::net::sockopt::set_tcp_quickack(socket, true);
 }
 
 /// Reads more of a response whose first bytes came already (the fast path's own reads): when
 /// nothing is there yet, the bytes so far are acknowledged at once before waiting (see the
 /// module docs). A response that arrives whole never gets here.
-pub(super) async fn read_more(tcp: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
+pub(crate) async fn read_more(tcp: &TcpStream, buf: &mut Vec<u8>) -> io::Result<usize> {
     loop {
         match tcp.try_read_buf(buf) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
@@ -64,7 +64,7 @@ pub(super) async fn read_more(tcp: &TcpStream, buf: &mut Vec<u8>) -> io::Result<
 /// under TLS) own it: tokio's stream, with a quick ACK when a read must wait after bytes came
 /// (see the module docs), and a read that asks the kernel when the pool checks the
 /// connection ([`Check`]).
-pub(super) struct UpTcp {
+pub(crate) struct UpTcp {
     stream: TcpStream,
     /// Bytes were read since the last read that had to wait.
     read_since_wait: bool,
@@ -76,11 +76,11 @@ pub(super) struct UpTcp {
 /// sees bytes or a close that tokio has not reported yet (and ends itself, as hyper does for
 /// any unexpected bytes on an idle client connection).
 #[derive(Clone, Default)]
-pub(super) struct Check(Arc<AtomicBool>);
+pub(crate) struct Check(Arc<AtomicBool>);
 
 impl Check {
     /// Runs `f` (which polls the connection) with the kernel asked directly.
-    pub(super) fn now<T>(&self, f: impl FnOnce() -> T) -> T {
+    pub(crate) fn now<T>(&self, f: impl FnOnce() -> T) -> T {
         self.0.store(true, Ordering::Relaxed);
         let out = f();
         self.0.store(false, Ordering::Relaxed);
@@ -89,7 +89,7 @@ impl Check {
 }
 
 impl UpTcp {
-    pub(super) fn new(stream: TcpStream) -> Self {
+    pub(crate) fn new(stream: TcpStream) -> Self {
         Self {
             stream,
             read_since_wait: false,
@@ -98,12 +98,12 @@ impl UpTcp {
     }
 
     /// The handle that checks this connection while hyper owns it.
-    pub(super) fn check(&self) -> Check {
+    pub(crate) fn check(&self) -> Check {
         self.check.clone()
     }
 
     /// tokio's stream itself (for the fast path, which reads and writes it directly).
-    pub(super) fn into_stream(self) -> TcpStream {
+    pub(crate) fn into_stream(self) -> TcpStream {
         self.stream
     }
 }
