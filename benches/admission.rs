@@ -17,9 +17,9 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
-use palisade::admission::Admission;
-use palisade::marks::MemoryStore;
-use palisade::metrics::Metrics;
+use palisade::fence::admission::Admission;
+use palisade::fence::marks::MemoryStore;
+use palisade::fence::metrics::Metrics;
 use palisade::{FencingToken, Verdict, Watermark};
 
 /// The drain time of the benchmarked resource (no request is in flight, so never waited).
@@ -71,7 +71,7 @@ fn admission(
     resource: &str,
 ) -> (
     Arc<Admission>,
-    Arc<palisade::admission::Resource>,
+    Arc<palisade::fence::admission::Resource>,
     tokio::runtime::Runtime,
 ) {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -21,10 +21,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, Txn, TxnOp};
-use palisade::admission::Admission;
-use palisade::marks::etcd::EtcdStore;
-use palisade::marks::settings::EtcdSettings;
-use palisade::template::{PathPattern, ResourceTemplate};
+use palisade::fence::admission::Admission;
+use palisade::fence::marks::etcd::EtcdStore;
+use palisade::fence::marks::settings::EtcdSettings;
+use palisade::fence::template::{PathPattern, ResourceTemplate};
 
 const PREFIX: &str = "/bench/marks/";
 
@@ -86,7 +86,7 @@ async fn main() {
     let settings = EtcdSettings {
         endpoints: etcd.endpoints(),
         prefix: PREFIX.to_owned(),
-        consistency: palisade::marks::Consistency::Linearizable,
+        consistency: palisade::fence::marks::Consistency::Linearizable,
         dial_timeout: Duration::from_secs(2),
         request_timeout: Duration::from_secs(10),
         username: None,

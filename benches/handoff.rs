@@ -16,7 +16,7 @@ mod etcd;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions, LockOptions, ResignOptions};
-use palisade::provider::etcd::EtcdProvider;
+use palisade::client::provider::etcd::EtcdProvider;
 use palisade::{ElectionService, LockService, Provider, SessionOptions};
 
 const PARK: Duration = Duration::from_millis(20);

@@ -20,7 +20,7 @@ use axum::routing::post;
 use axum::Router;
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::Request;
-use palisade::admission::Admission;
+use palisade::fence::admission::Admission;
 use palisade::{FenceLayer, FencingToken, MemoryStore, Metrics};
 use tower::ServiceExt;
 

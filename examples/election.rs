@@ -18,7 +18,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use palisade::provider::etcd::EtcdProvider;
+use palisade::client::provider::etcd::EtcdProvider;
 use palisade::{Provider, SessionOptions};
 
 fn arg(name: &str, default: &str) -> String {

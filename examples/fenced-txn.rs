@@ -20,8 +20,8 @@
 
 use std::time::Duration;
 
-use palisade::fenced_txn::{Stm, TxnError};
-use palisade::provider::etcd::EtcdProvider;
+use palisade::client::fenced_txn::{Stm, TxnError};
+use palisade::client::provider::etcd::EtcdProvider;
 use palisade::{LockService, Provider, SessionOptions};
 
 fn arg(name: &str, default: &str) -> String {

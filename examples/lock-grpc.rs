@@ -110,7 +110,7 @@ impl UnaryService<WriteRequest> for Write {
             .get::<FencingToken>()
             .copied()
             .or_else(|| {
-                palisade::transport::grpc::read_metadata(req.metadata())
+                palisade::client::transport::grpc::read_metadata(req.metadata())
                     .ok()
                     .flatten()
             })
@@ -178,7 +178,7 @@ async fn write(
     let mut req = tonic::Request::new(WriteRequest {
         value: value.to_owned(),
     });
-    palisade::transport::grpc::stamp_request(&mut req, token);
+    palisade::client::transport::grpc::stamp_request(&mut req, token);
     let owner = owner.parse().map_err(|_| "owner is not ASCII".to_owned())?;
     req.metadata_mut().insert("x-owner", owner);
     let reply = client

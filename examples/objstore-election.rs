@@ -1,7 +1,7 @@
 //! objstore-election: leader election on an object store (no etcd), failover after the
 //! leader freezes, and the old leader's write refused.
 //!
-//! The election is `palisade::objstore` on object_store's in-memory store (or, built with
+//! The election is `palisade::client::objstore` on object_store's in-memory store (or, built with
 //! `object-store-aws`, on an S3-compatible server: `-- --endpoint URL --bucket NAME`). The
 //! resource is the axum service of `lock-http` (order 42 behind `FenceLayer`).
 //!
@@ -32,9 +32,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use palisade::objstore::object_store::memory::InMemory;
-use palisade::objstore::object_store::ObjectStore;
-use palisade::objstore::{Elector, ElectorOptions};
+use palisade::client::objstore::object_store::memory::InMemory;
+use palisade::client::objstore::object_store::ObjectStore;
+use palisade::client::objstore::{Elector, ElectorOptions};
 
 const B_VALUE: &str = "plan by B";
 
@@ -65,8 +65,8 @@ fn store() -> Result<Arc<dyn ObjectStore>, Box<dyn std::error::Error>> {
 
 #[cfg(feature = "object-store-aws")]
 fn s3(endpoint: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>, Box<dyn std::error::Error>> {
-    use palisade::objstore::object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-    use palisade::objstore::object_store::{ClientOptions, RetryConfig};
+    use palisade::client::objstore::object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+    use palisade::client::objstore::object_store::{ClientOptions, RetryConfig};
     println!("  election records in s3://{bucket} at {endpoint}");
     // Credentials and region from the usual AWS_* variables; a local test server (moto,
     // minio) takes any. The election bounds each request itself: keep the client's own
@@ -116,7 +116,7 @@ async fn leader_a(
         .map_err(|e| e.to_string())?
 }
 
-async fn who_leads(elector: &Elector) -> Result<String, palisade::objstore::Error> {
+async fn who_leads(elector: &Elector) -> Result<String, palisade::client::objstore::Error> {
     Ok(match elector.current("scheduler").await? {
         Some(lease) if lease.released => format!("nobody (generation {} released)", lease.token),
         Some(lease) => format!("{} (generation {})", lease.holder, lease.token),

@@ -39,7 +39,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let legacy = TcpListener::bind("127.0.0.1:0").await?;
     let legacy_addr = legacy.local_addr()?;
     let log = applied.clone();
-    tokio::spawn(palisade::server::serve(
+    tokio::spawn(palisade::proxy::server::serve(
         legacy,
         move |req: Request<hyper::body::Incoming>, _| {
             let log = log.clone();

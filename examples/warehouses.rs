@@ -64,7 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let legacy = TcpListener::bind("127.0.0.1:0").await?;
     let legacy_addr = legacy.local_addr()?;
     let log = Arc::clone(&applied);
-    tokio::spawn(palisade::server::serve(
+    tokio::spawn(palisade::proxy::server::serve(
         legacy,
         move |req: Request<hyper::body::Incoming>, _| {
             let log = Arc::clone(&log);

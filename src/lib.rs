@@ -9,32 +9,36 @@
 //!
 //! The folders are the three parties of the fencing contract:
 //!
-//! - [`client`]: the owner's side. Sessions ([`session`]), [`lock`], [`rwlock`],
-//!   [`election`] and [`semaphore`] on etcd (feature `etcd`) or in memory ([`provider`]), each
-//!   handing out tokens, [`owner`] (a grant's token with its fenced feedback: a resource's
-//!   stale refusal ends the ownership at once), and [`transport`] to stamp tokens on requests,
-//!   send fence requests and read refusals. Always built. With
-//!   `etcd`, `fenced_txn` makes writes to etcd itself commit only while their writer owns.
-//!   With `object-store`, [`objstore`] leads elections on an object store (S3, GCS, Azure,
-//!   in memory) with the lease record's generation as the token: no etcd needed.
+//! - [`client`]: the owner's side. Sessions ([`client::session`]), [`client::lock`],
+//!   [`client::rwlock`], [`client::election`] and [`client::semaphore`] on etcd (feature
+//!   `etcd`) or in memory ([`client::provider`]), each handing out tokens, [`client::owner`]
+//!   (a grant's token with its fenced feedback: a resource's stale refusal ends the ownership
+//!   at once), and [`client::transport`] to stamp tokens on requests, send fence requests and
+//!   read refusals. Always built. With `etcd`, `client::fenced_txn` makes writes to etcd
+//!   itself commit only while their writer owns. With `object-store`, `client::objstore` leads
+//!   elections on an object store (S3, GCS, Azure, in memory) with the lease record's
+//!   generation as the token: no etcd needed.
 //! - [`fence`] (features `proxy` or `layer`): the resource's side, shared by the proxy and the
-//!   in-process guard: the pure rule ([`guard`]), mark stores ([`marks`]), persist-before-
-//!   forward ([`admission`]), confirmation rounds for shared stores ([`confirm`]), in-flight
-//!   drains ([`drain`]) and the bodies that carry them ([`flight`]), the table of refusals
-//!   ([`reject`]), [`metrics`], request [`path`] normal form, path prefixes matched at
-//!   segment boundaries ([`PathPrefix`]), resources taken from the request ([`template`]),
-//!   and the tower layer (`layer`, feature `layer`).
+//!   in-process guard: the pure rule ([`fence::guard`]), mark stores ([`fence::marks`]),
+//!   persist-before-forward ([`fence::admission`]), confirmation rounds for shared stores
+//!   ([`fence::confirm`]), in-flight drains ([`fence::drain`]) and the bodies that carry them
+//!   ([`fence::flight`]), the table of refusals ([`fence::reject`]), [`fence::metrics`],
+//!   request paths in normal form ([`fence::path`]), path prefixes matched at segment
+//!   boundaries ([`PathPrefix`]), resources taken from the request ([`fence::template`]), and
+//!   the tower layer (`fence::layer`, feature `layer`).
 //! - [`proxy`] (feature `proxy`, default): the reverse proxy for services that cannot be
-//!   changed: [`config`] and its [`reload`], the request [`host`] normal form, the
-//!   request [`pipeline`](proxy::pipeline), the [`access_log`], the accept loop ([`server`]),
-//!   the [`admin`] endpoints, the wiring ([`app`]), and the operator's commands: `palisade marks`
-//!   ([`marks_cli`](proxy::marks_cli)) and, with `etcd`, `palisade lock|elect NAME -- CMD`
-//!   (`proxy::hold_cli`), which runs a command while holding a lock or leading, with its
-//!   token in the command's environment.
+//!   changed. Its public face is what starts and steers it: the configuration
+//!   ([`proxy::config`]) and its [`proxy::reload`], the wiring ([`proxy::app`]: [`App`],
+//!   [`Listeners`], [`run`]) and the accept loop ([`proxy::server`]). The request pipeline,
+//!   access log and admin endpoints are internal: the guide (`docs/proxy.md`) describes
+//!   their behaviour.
 //! - [`token`]: the token type and its one strict wire form, used by all three.
 //!
-//! The short paths (`palisade::session`, `palisade::admission`, ...) are re-exports of the
-//! modules in those folders.
+//! The crate root re-exports the types a user names most (`palisade::LockService`,
+//! `palisade::FenceLayer`, ...); everything else is named by its party
+//! (`palisade::client::session::Loss`, `palisade::fence::marks::EtcdStore`), so a use site says
+//! which side of the contract it is on. The `palisade` binary's command line is not part of
+//! the library (`src/bin/palisade/`).
 //!
 //! # Features
 //!
@@ -42,7 +46,7 @@
 //! who only takes locks and leads elections sets `default-features = false, features =
 //! ["etcd"]` and compiles no HTTP server, configuration or metrics; `layer` adds the guard as
 //! a tower layer; `etcd-tls` adds TLS to etcd; `grpc` adds gRPC metadata helpers;
-//! `object-store` adds [`objstore`] (bring your own `object_store` backend) and
+//! `object-store` adds `client::objstore` (bring your own `object_store` backend) and
 //! `object-store-aws` the same with object_store's S3 client; `metrics` reports what the
 //! process holds (held, leader, acquisitions, losses by reason, renewals, lease left) through
 //! the `metrics` facade, to the exporter the application installs.
@@ -54,44 +58,31 @@ pub mod fence;
 pub mod proxy;
 pub mod token;
 
+pub use client::election::{ElectionService, LeaderKey, Leadership, Observation, Term};
+pub use client::error::Error;
+pub use client::lock::{LockGrant, LockService};
+pub use client::owner::Owner;
 #[cfg(feature = "etcd")]
-pub use client::fenced_txn;
-#[cfg(feature = "object-store")]
-pub use client::objstore;
-pub(crate) use client::queue;
-pub use client::{election, error, lock, owner, provider, rwlock, semaphore, session, transport};
+pub use client::provider::etcd::EtcdProvider;
+pub use client::provider::memory::MemoryProvider;
+pub use client::provider::Provider;
+pub use client::rwlock::{Mode, RwGrant, RwLockService};
+pub use client::semaphore::{Permit, SemaphoreService};
+pub use client::session::{Loss, LossSignal, Session, SessionOptions, SessionState};
+#[cfg(feature = "fence")]
+pub use fence::admission::Admission;
+#[cfg(feature = "fence")]
+pub use fence::guard::{Verdict, Watermark};
 #[cfg(feature = "layer")]
-pub use fence::layer;
+pub use fence::layer::FenceLayer;
 #[cfg(feature = "fence")]
-pub use fence::{
-    admission, confirm, drain, flight, guard, marks, metrics, path, recent, reject, template,
-};
-#[cfg(feature = "proxy")]
-pub use proxy::{access_log, admin, app, config, host, reload, server};
-
+pub use fence::marks::{FileStore, MarkStore, MemoryStore};
 #[cfg(feature = "fence")]
-pub use admission::Admission;
-#[cfg(feature = "proxy")]
-pub use app::{run, App, Listeners};
-#[cfg(feature = "proxy")]
-pub use config::Config;
-pub use election::{ElectionService, LeaderKey, Leadership, Observation, Term};
-pub use error::Error;
+pub use fence::metrics::Metrics;
 #[cfg(feature = "fence")]
 pub use fence::path_prefix::PathPrefix;
-#[cfg(feature = "fence")]
-pub use guard::{Verdict, Watermark};
-#[cfg(feature = "layer")]
-pub use layer::FenceLayer;
-pub use lock::{LockGrant, LockService};
-#[cfg(feature = "fence")]
-pub use marks::{FileStore, MarkStore, MemoryStore};
-#[cfg(feature = "fence")]
-pub use metrics::Metrics;
-pub use owner::Owner;
-pub use provider::memory::MemoryProvider;
-pub use provider::Provider;
-pub use rwlock::{Mode, RwGrant, RwLockService};
-pub use semaphore::{Permit, SemaphoreService};
-pub use session::{Loss, LossSignal, Session, SessionOptions, SessionState};
+#[cfg(feature = "proxy")]
+pub use proxy::app::{run, App, Listeners};
+#[cfg(feature = "proxy")]
+pub use proxy::config::Config;
 pub use token::FencingToken;

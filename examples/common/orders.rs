@@ -71,7 +71,7 @@ fn token_of(req: &Request) -> Option<u64> {
         .get::<FencingToken>()
         .copied()
         .or_else(|| {
-            palisade::transport::read_headers(req.headers())
+            palisade::client::transport::read_headers(req.headers())
                 .ok()
                 .flatten()
         })
@@ -134,7 +134,7 @@ pub(crate) async fn send(
         .header("x-owner", owner)
         .body(Full::new(body))
         .map_err(|e| e.to_string())?;
-    palisade::transport::stamp_request(&mut req, token);
+    palisade::client::transport::stamp_request(&mut req, token);
     let resp = client.request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status();
     let body = resp

@@ -37,10 +37,10 @@ use std::future::Future;
 
 pub use observe::Observer;
 
-use crate::error::Error;
-use crate::provider::{Compare, KeyRange, Op, SortByCreate, Txn};
-use crate::queue::{token, Grant, Pending, Primitive};
-use crate::session::{naming, Incarnation, LossSignal, Role, Session};
+use crate::client::backend::{Compare, KeyRange, Op, SortByCreate, Txn};
+use crate::client::error::Error;
+use crate::client::queue::{token, Grant, Pending, Primitive};
+use crate::client::session::{naming, Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
 /// Election operations (disco's `election.Service`): implemented by [`Session`].
@@ -153,10 +153,10 @@ impl Leadership {
         &self.0.incarnation
     }
 
-    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
-    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// The token with its way back: give it to [`crate::client::transport`]'s helpers or client
+    /// layer, or call [`crate::client::owner::Owner::fenced`] when a resource refuses the token, and
     /// this ownership counts as lost at once.
-    pub fn owner(&self) -> crate::owner::Owner {
+    pub fn owner(&self) -> crate::client::owner::Owner {
         self.0.owner.clone()
     }
 
@@ -231,8 +231,8 @@ pub struct LeaderContext {
     /// Fires when leadership is lost; the closure should stop promptly.
     pub lost: LossSignal,
     /// The token with its fenced feedback: a resource's stale refusal reported here (by
-    /// [`crate::transport`]'s helpers or client layer) cancels the work at once.
-    pub owner: crate::owner::Owner,
+    /// [`crate::client::transport`]'s helpers or client layer) cancels the work at once.
+    pub owner: crate::client::owner::Owner,
 }
 
 impl Session {
@@ -268,7 +268,7 @@ impl Session {
         });
         let out = tokio::select! {
             biased;
-            mark = crate::owner::fenced(&mut fenced) => Err(Error::Fenced {
+            mark = crate::client::owner::fenced(&mut fenced) => Err(Error::Fenced {
                 name: name.to_owned(),
                 mark,
             }),
@@ -281,7 +281,7 @@ impl Session {
     }
 }
 
-pub(crate) const KIND: &str = crate::session::EpochOf::Election.as_str();
+pub(crate) const KIND: &str = crate::client::session::EpochOf::Election.as_str();
 
 fn epoch_value(key: &str) -> Vec<u8> {
     format!("E:{key}").into_bytes()
@@ -306,7 +306,7 @@ pub(crate) fn current(p: &Primitive) -> Txn {
 /// `None`: a candidate is first in line but has not confirmed yet. Confirmed means: the epoch
 /// names the first entry's key and was written at or after that entry's creation (an epoch
 /// written before it belongs to an ended term of the same key).
-pub(crate) fn read_term(r: &crate::provider::TxnResponse) -> Option<Observation> {
+pub(crate) fn read_term(r: &crate::client::backend::TxnResponse) -> Option<Observation> {
     let Some(first) = r.range(0).first() else {
         return Some(Observation::NoLeader);
     };
@@ -393,5 +393,18 @@ impl ElectionService for Session {
         let mut pending = Pending::new(self, leader.key.clone(), claim);
         pending.registered(leader.create_revision);
         Ok(Leadership(pending.finish(&p, leader.token)?))
+    }
+}
+
+// Here rather than in `session`: a session knows nothing of elections.
+impl crate::client::session::SessionOptions {
+    /// Resumes the lease of `leader` and keeps its candidacy entry, so that
+    /// [`crate::ElectionService::resume`] can take the term over with its token (etcd's
+    /// `ResumeElection`). Only for a predecessor that is dead: a still-running one keeps
+    /// believing it leads, with the same token, and the resource cannot tell them apart.
+    pub fn resuming(mut self, leader: &LeaderKey) -> Self {
+        self.lease = Some(leader.lease);
+        self.keep = Some(leader.key.clone());
+        self
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::provider::BackendError;
+use crate::client::backend::BackendError;
 
 /// Why a session, lock, read/write lock or election operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -59,7 +59,7 @@ pub enum Error {
         name: String,
     },
     /// A resource refused this owner's token as stale (its mark is above it): a newer owner
-    /// exists. [`crate::session::Session::lead`] returns it when its work was cancelled so.
+    /// exists. [`crate::client::session::Session::lead`] returns it when its work was cancelled so.
     #[error("{name}: fenced: a resource's mark {mark} is above this owner's token")]
     Fenced {
         /// The primitive's name.
@@ -73,10 +73,10 @@ pub enum Error {
         /// The election's name.
         name: String,
     },
-    /// Names must be 1..=[`crate::session::MAX_NAME_BYTES`] bytes. Checked before any
+    /// Names must be 1..=[`crate::client::session::MAX_NAME_BYTES`] bytes. Checked before any
     /// request, so a name the store would refuse never reaches it. Holds the name shortened to
     /// its first 64 bytes and its length, so messages stay short.
-    #[error("invalid name {0:?}: must be 1 to {max} bytes", max = crate::session::MAX_NAME_BYTES)]
+    #[error("invalid name {0:?}: must be 1 to {max} bytes", max = crate::client::limits::MAX_NAME_BYTES)]
     InvalidName(String),
     /// A namespace with a `lock`, `rwlock`, `election` or `semaphore` segment could nest inside another
     /// namespace's primitive (`/ns` and `/ns/lock/a/q`) and collide with it. Holds the
@@ -84,11 +84,11 @@ pub enum Error {
     #[error("invalid namespace {0:?}: no segment may be lock, rwlock, election or semaphore")]
     InvalidNamespace(String),
     /// TTLs must be 1 s (etcd counts leases in whole seconds) up to
-    /// [`crate::session::MAX_TTL`] (etcd's maximum).
+    /// [`crate::client::session::MAX_TTL`] (etcd's maximum).
     #[error("invalid TTL {0:?}: must be from 1 s to 9000000000 s")]
     InvalidTtl(Duration),
-    /// A semaphore needs 1..=[`crate::semaphore::MAX_PERMITS`] permits.
-    #[error("invalid permit count {0}: must be from 1 to {max}", max = crate::semaphore::MAX_PERMITS)]
+    /// A semaphore needs 1..=[`crate::client::semaphore::MAX_PERMITS`] permits.
+    #[error("invalid permit count {0}: must be from 1 to {max}", max = crate::client::limits::MAX_PERMITS)]
     InvalidPermits(u32),
     /// The semaphore was created with another permit count: every contender must ask for
     /// the same number, or more holders than intended could hold it at once.

@@ -55,10 +55,10 @@ use std::time::Duration;
 
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
-use crate::election::Leadership;
-use crate::lock::LockGrant;
-use crate::rwlock::RwGrant;
-use crate::session::Incarnation;
+use crate::client::election::Leadership;
+use crate::client::lock::LockGrant;
+use crate::client::rwlock::RwGrant;
+use crate::client::session::Incarnation;
 pub use stm::{Stm, StmTx};
 
 /// Default bound on each etcd request made here.

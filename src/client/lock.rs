@@ -8,7 +8,7 @@
 //! `tokio::time::timeout`) or dropping a [`LockGrant`] deletes the queue entry in the
 //! background. Calling `lock` again on the same session right after either is fine: it waits
 //! for that cleanup (one round trip), then queues. A session holds at most one acquisition
-//! per name (see [`crate::session`] for why, and how to run several local contenders).
+//! per name (see [`crate::client::session`] for why, and how to run several local contenders).
 //!
 //! ```no_run
 //! # async fn demo(session: palisade::Session) -> Result<(), palisade::Error> {
@@ -21,9 +21,9 @@
 
 use std::future::Future;
 
-use crate::error::Error;
-use crate::queue::{try_exclusive, Grant, Pending, Primitive};
-use crate::session::{Incarnation, LossSignal, Role, Session};
+use crate::client::error::Error;
+use crate::client::queue::{try_exclusive, Grant, Pending, Primitive};
+use crate::client::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
 /// Lock operations (disco's `lock.Service`): implemented by [`Session`].
@@ -74,10 +74,10 @@ impl LockGrant {
         &self.0.incarnation
     }
 
-    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
-    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// The token with its way back: give it to [`crate::client::transport`]'s helpers or client
+    /// layer, or call [`crate::client::owner::Owner::fenced`] when a resource refuses the token, and
     /// this ownership counts as lost at once.
-    pub fn owner(&self) -> crate::owner::Owner {
+    pub fn owner(&self) -> crate::client::owner::Owner {
         self.0.owner.clone()
     }
 
@@ -98,7 +98,7 @@ impl LockGrant {
     }
 }
 
-const KIND: &str = crate::session::EpochOf::Lock.as_str();
+const KIND: &str = crate::client::session::EpochOf::Lock.as_str();
 
 const EPOCH_PREFIX: &str = "L:";
 

@@ -3,10 +3,10 @@
 //!
 //! A resource that refuses a token (palisade's 409 / gRPC ABORTED with `x-fencing-mark`)
 //! proves that a newer owner exists. [`Owner::fenced`] turns that proof into the owner's
-//! own state at once: its grant's [`LossSignal`](crate::session::LossSignal) fires with
-//! [`Loss::Fenced`](crate::session::Loss::Fenced), [`Session::lead`](crate::session::Session)
+//! own state at once: its grant's [`LossSignal`](crate::client::session::LossSignal) fires with
+//! [`Loss::Fenced`](crate::client::session::Loss::Fenced), [`Session::lead`](crate::client::session::Session)
 //! cancels its work, and the grant lets go of its queue entry instead of holding what it no
-//! longer owns. [`crate::transport`] reads refusals and calls it (its client layer does so for
+//! longer owns. [`crate::client::transport`] reads refusals and calls it (its client layer does so for
 //! every answer).
 
 use std::sync::Arc;
@@ -69,7 +69,7 @@ impl Owner {
     /// A resource refused this owner's token below `mark`: ownership is over. The grant's
     /// loss signal fires, `lead` cancels its work, and the grant's queue entry is let go in
     /// the background (a later `unlock`/`resign` of the grant then says
-    /// [`Error::LostBeforeRelease`](crate::error::Error::LostBeforeRelease): ownership had
+    /// [`Error::LostBeforeRelease`](crate::client::error::Error::LostBeforeRelease): ownership had
     /// ended before it). `false` (and nothing changes) when `mark` is not above the token (no
     /// newer owner is proven), or when the owner was already fenced.
     pub fn fenced(&self, mark: u64) -> bool {

@@ -14,9 +14,9 @@ mod wait;
 pub(crate) use grant::Grant;
 pub(crate) use ride::{pause, txn_riding_out};
 
-use crate::error::Error;
-use crate::provider::{Compare, KeyRange, LeaseId, Op, Txn, TxnResponse};
-use crate::session::{Claim, Incarnation, Session, SessionState};
+use crate::client::backend::{Compare, KeyRange, LeaseId, Op, Txn, TxnResponse};
+use crate::client::error::Error;
+use crate::client::session::{Claim, Incarnation, Session, SessionState};
 use crate::token::FencingToken;
 
 /// One primitive's keys.
@@ -38,7 +38,7 @@ impl Primitive {
     }
 
     pub(crate) fn epoch(&self) -> String {
-        crate::session::epoch_of(&self.path)
+        crate::client::session::epoch_of(&self.path)
     }
 
     /// This session's entry; `sub` separates entry kinds (`r/`, `w/` for rwlocks). The key

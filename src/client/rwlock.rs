@@ -12,10 +12,10 @@
 
 use std::future::Future;
 
-use crate::error::Error;
-use crate::provider::{Compare, KeyRange, Op, Txn, TxnResponse};
-use crate::queue::{token, try_exclusive, txn_riding_out, Grant, Pending, Primitive};
-use crate::session::{Incarnation, LossSignal, Role, Session};
+use crate::client::backend::{Compare, KeyRange, Op, Txn, TxnResponse};
+use crate::client::error::Error;
+use crate::client::queue::{token, try_exclusive, txn_riding_out, Grant, Pending, Primitive};
+use crate::client::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
 /// Read/write lock operations (disco's `rwlock.Service`): implemented by [`Session`].
@@ -84,10 +84,10 @@ impl RwGrant {
         &self.grant.incarnation
     }
 
-    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
-    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// The token with its way back: give it to [`crate::client::transport`]'s helpers or client
+    /// layer, or call [`crate::client::owner::Owner::fenced`] when a resource refuses the token, and
     /// this ownership counts as lost at once.
-    pub fn owner(&self) -> crate::owner::Owner {
+    pub fn owner(&self) -> crate::client::owner::Owner {
         self.grant.owner.clone()
     }
 
@@ -130,7 +130,7 @@ impl RwGrant {
     }
 }
 
-const KIND: &str = crate::session::EpochOf::RwLock.as_str();
+const KIND: &str = crate::client::session::EpochOf::RwLock.as_str();
 const READ_PHASE: &[u8] = b"R";
 
 const WRITER_EPOCH_PREFIX: &str = "W:";

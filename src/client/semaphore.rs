@@ -39,14 +39,13 @@ use std::future::Future;
 
 use slots::{check_permits, epoch_key, epoch_value, free_slot, slot_key, slots, take_slot};
 
-use crate::error::Error;
-use crate::provider::{Compare, KeyRange, Op, Txn};
-use crate::queue::{token, Grant, Pending, Primitive};
-use crate::session::{Incarnation, LossSignal, Role, Session};
+use crate::client::backend::{Compare, KeyRange, Op, Txn};
+use crate::client::error::Error;
+use crate::client::queue::{token, Grant, Pending, Primitive};
+use crate::client::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
-/// The largest permit count.
-pub const MAX_PERMITS: u32 = 4096;
+pub use crate::client::limits::MAX_PERMITS;
 
 /// Semaphore operations: implemented by [`Session`].
 pub trait SemaphoreService {
@@ -128,10 +127,10 @@ impl Permit {
         &self.grant.incarnation
     }
 
-    /// The token with its way back: give it to [`crate::transport`]'s helpers or client
-    /// layer, or call [`crate::owner::Owner::fenced`] when a resource refuses the token, and
+    /// The token with its way back: give it to [`crate::client::transport`]'s helpers or client
+    /// layer, or call [`crate::client::owner::Owner::fenced`] when a resource refuses the token, and
     /// this ownership counts as lost at once.
-    pub fn owner(&self) -> crate::owner::Owner {
+    pub fn owner(&self) -> crate::client::owner::Owner {
         self.grant.owner.clone()
     }
 
@@ -150,7 +149,7 @@ impl Permit {
     }
 }
 
-const KIND: &str = crate::session::EpochOf::Semaphore.as_str();
+const KIND: &str = crate::client::session::EpochOf::Semaphore.as_str();
 
 impl SemaphoreService for Session {
     async fn acquire(&self, name: &str, permits: u32) -> Result<Permit, Error> {

@@ -51,9 +51,8 @@ pub(crate) use naming::epoch_of;
 pub use naming::{epoch_key, slot_epoch_key, EpochOf, MAX_NAME_BYTES, MAX_TTL};
 pub use signal::{Loss, LossSignal};
 
-use crate::election::LeaderKey;
-use crate::error::Error;
-use crate::provider::{Backend, LeaseId, Op, Txn};
+use crate::client::backend::{Backend, LeaseId, Op, Txn};
+use crate::client::error::Error;
 
 /// Default lease TTL.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(10);
@@ -65,8 +64,8 @@ pub const DEFAULT_NAMESPACE: &str = "/palisade";
 pub struct SessionOptions {
     ttl: Duration,
     namespace: String,
-    lease: Option<i64>,
-    keep: Option<String>,
+    pub(crate) lease: Option<i64>,
+    pub(crate) keep: Option<String>,
 }
 
 impl Default for SessionOptions {
@@ -115,16 +114,6 @@ impl SessionOptions {
     /// exception is a leadership named with [`SessionOptions::resuming`].
     pub fn with_lease(mut self, lease_id: i64) -> Self {
         self.lease = Some(lease_id);
-        self
-    }
-
-    /// Resumes the lease of `leader` and keeps its candidacy entry, so that
-    /// [`crate::ElectionService::resume`] can take the term over with its token (etcd's
-    /// `ResumeElection`). Only for a predecessor that is dead: a still-running one keeps
-    /// believing it leads, with the same token, and the resource cannot tell them apart.
-    pub fn resuming(mut self, leader: &LeaderKey) -> Self {
-        self.lease = Some(leader.lease);
-        self.keep = Some(leader.key.clone());
         self
     }
 }

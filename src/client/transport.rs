@@ -6,7 +6,7 @@
 
 use http::header::{HeaderMap, HeaderName};
 
-use crate::owner::Owner;
+use crate::client::owner::Owner;
 use crate::token::{self, FencingToken, TokenError, DEFAULT_HEADER};
 
 const HEADER: HeaderName = HeaderName::from_static(DEFAULT_HEADER);

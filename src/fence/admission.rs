@@ -1,4 +1,4 @@
-//! Admission: the pure [`guard`](crate::guard) rule composed with a [`MarkStore`].
+//! Admission: the pure [`guard`](crate::fence::guard) rule composed with a [`MarkStore`].
 //!
 //! An equal token is one atomic load. A higher token takes the resource's advance lock, checks
 //! again, makes the token durable, publishes it and only then admits (persist before forward,
@@ -8,7 +8,7 @@
 //!
 //! With a shared store (etcd, several replicas), two more things happen here:
 //! - `linearizable`: every admission first waits for a store read that started after it
-//!   arrived ([`crate::confirm`]), so a replica whose copy lags can never admit a zombie;
+//!   arrived ([`crate::fence::confirm`]), so a replica whose copy lags can never admit a zombie;
 //! - advances made by other replicas (seen by that read, by the store's watch, or by losing an
 //!   advance race) are *learned*: published locally and, since the new owner is already
 //!   writing through another replica, this replica's requests under older marks are aborted at
@@ -26,12 +26,12 @@ mod open;
 pub use entities::DEFAULT_MAX_CACHED;
 
 use self::advance::{advance, learn};
-use crate::confirm::Coalescer;
-use crate::drain::{Drain, Entry, Ticket};
-use crate::guard::{Verdict, Watermark};
-use crate::marks::{Consistency, Epoch, MarkStore, Marks, StoreError};
-use crate::metrics::{MarkMetrics, Metrics, StoreMetrics};
-use crate::reject::StoreStep;
+use crate::fence::confirm::Coalescer;
+use crate::fence::drain::{Drain, Entry, Ticket};
+use crate::fence::guard::{Verdict, Watermark};
+use crate::fence::marks::{Consistency, Epoch, MarkStore, Marks, StoreError};
+use crate::fence::metrics::{MarkMetrics, Metrics, StoreMetrics};
+use crate::fence::reject::StoreStep;
 use crate::token::FencingToken;
 
 /// One fenced resource: its mark and the lock that serializes its advances.
@@ -365,7 +365,7 @@ impl Admission {
 
     /// Decides whether `resource` admits `token` (`docs/design.md#admission`), and counts the
     /// admitted request as in flight until the returned [`Ticket`] is dropped (see
-    /// [`crate::drain`]).
+    /// [`crate::fence::drain`]).
     ///
     /// An advance persists the token, publishes it, and then waits for the requests admitted
     /// under older marks for at most `drain_timeout` before aborting them; equal-token requests
@@ -570,7 +570,7 @@ impl Admission {
 /// epoch could admit an older owner).
 fn epoch_of(
     resource: &Resource,
-    read: &crate::confirm::Confirmation,
+    read: &crate::fence::confirm::Confirmation,
     key: &Arc<str>,
     token: FencingToken,
 ) -> Result<u64, Refused> {

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use tokio::sync::Notify;
 
-use crate::marks::{Confirmed, MarkStore, StoreError};
+use crate::fence::marks::{Confirmed, MarkStore, StoreError};
 
 /// The rounds of one resource.
 #[derive(Debug, Default)]
@@ -157,7 +157,7 @@ async fn drive(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::marks::{BoxFuture, Consistency, Marks};
+    use crate::fence::marks::{BoxFuture, Consistency, Marks};
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// A store whose reads take 10 ms (paused time) and are counted.

@@ -1,6 +1,6 @@
 //! A request in flight, as a body carries it: the drain ticket that keeps the request counted,
 //! and the abort that fails the body at once. One implementation for the proxy's bodies and
-//! the layer's (see [`crate::drain`]).
+//! the layer's (see [`crate::fence::drain`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame};
 
-use crate::drain::{AbortWait, Ticket};
+use crate::fence::drain::{AbortWait, Ticket};
 
 /// The error of a fenced body: the inner body's, or [`Aborted`].
 pub type BodyError = Box<dyn std::error::Error + Send + Sync>;

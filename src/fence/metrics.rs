@@ -2,7 +2,7 @@
 //!
 //! Label values are resolved once, when routes and resources are known, so the request path
 //! only bumps pre-resolved atomics: no hashing, no locks. A refusal also goes into the ring of
-//! recent refusals ([`crate::recent`]) that the admin's status page shows; module `read` reads
+//! recent refusals ([`crate::fence::recent`]) that the admin's status page shows; module `read` reads
 //! the families back for it.
 
 mod read;
@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use self::read::{DrainStats, OpLatency};
-use crate::recent::RecentRefusals;
-use crate::reject::Rejection;
+use crate::fence::recent::RecentRefusals;
+use crate::fence::reject::Rejection;
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,

@@ -6,6 +6,7 @@ pub mod admission;
 pub mod confirm;
 pub mod drain;
 pub mod flight;
+pub mod grpc;
 pub mod guard;
 #[cfg(feature = "layer")]
 pub mod layer;

@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use crate::reject::Rejection;
+use crate::fence::reject::Rejection;
 
 /// How many refusals the ring keeps.
 pub const RECENT_REFUSALS: usize = 50;

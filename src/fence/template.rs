@@ -1,7 +1,7 @@
 //! Resources taken from the request: a path pattern that captures segments, and a resource
 //! template filled from the captures, the host, headers and the gRPC service and method. One
 //! type for the proxy's routes (`path_pattern`, `resource = "warehouse/{id}"`) and for the
-//! layer ([`crate::layer::FenceLayer::with_template`]).
+//! layer ([`crate::fence::layer::FenceLayer::with_template`]).
 //!
 //! Tokens are etcd revisions, global to the cluster: the tokens of two locks interleave, so
 //! every entity owned by its own lock or leader needs its own mark. A pattern
@@ -636,7 +636,7 @@ impl RequestParts for http::request::Parts {
     }
 
     fn is_grpc(&self) -> bool {
-        crate::reject::grpc_content_type(&self.headers).is_some()
+        crate::fence::grpc::grpc_content_type(&self.headers).is_some()
     }
 }
 

@@ -18,14 +18,14 @@ use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode
 use http_body_util::Full;
 use prometheus::{IntCounter, IntGauge, Registry};
 
-use crate::admission::Admission;
-use crate::config::AdminToken;
-use crate::metrics::Metrics;
-use crate::reload::{ReloadError, Reloader};
+use crate::fence::admission::Admission;
+use crate::fence::metrics::Metrics;
+use crate::proxy::config::AdminToken;
+use crate::proxy::reload::{ReloadError, Reloader};
 
 /// The admin listener's own metric families.
 #[derive(Debug, Clone)]
-pub struct AdminMetrics {
+pub(crate) struct AdminMetrics {
     /// `palisade_ready`: 1 when the mark store answered ready the last time `/readyz` or
     /// `/metrics` asked (every scrape asks), 0 otherwise.
     ready: IntGauge,
@@ -38,7 +38,7 @@ impl AdminMetrics {
     ///
     /// # Errors
     /// When one of them is registered there already.
-    pub fn register(registry: &Registry) -> prometheus::Result<Self> {
+    pub(crate) fn register(registry: &Registry) -> prometheus::Result<Self> {
         let ready = IntGauge::new(
             "palisade_ready",
             "1 when the mark store answers ready (as /readyz does), 0 otherwise; asked at each \
@@ -59,7 +59,7 @@ impl AdminMetrics {
 
 /// What the admin endpoints read.
 #[derive(Debug, Clone)]
-pub struct Admin {
+pub(crate) struct Admin {
     admission: Arc<Admission>,
     metrics: Metrics,
     own: AdminMetrics,
@@ -78,7 +78,7 @@ enum Unauthorized {
 
 impl Admin {
     /// An admin view of `admission` and `metrics`, its own families in `own`.
-    pub fn new(admission: Arc<Admission>, metrics: Metrics, own: AdminMetrics) -> Self {
+    pub(crate) fn new(admission: Arc<Admission>, metrics: Metrics, own: AdminMetrics) -> Self {
         Self {
             admission,
             metrics,
@@ -90,20 +90,24 @@ impl Admin {
 
     /// Serves `POST /reload` with `reloader`.
     #[must_use]
-    pub fn with_reloader(mut self, reloader: Reloader) -> Self {
+    pub(crate) fn with_reloader(mut self, reloader: Reloader) -> Self {
         self.reloader = Some(reloader);
         self
     }
 
     /// Asks `token` of every request that is not a `GET` or `HEAD`.
     #[must_use]
-    pub fn with_token(mut self, token: Option<AdminToken>) -> Self {
+    pub(crate) fn with_token(mut self, token: Option<AdminToken>) -> Self {
         self.token = token;
         self
     }
 
     /// Answers one admin request from `peer`.
-    pub async fn handle<B>(&self, req: Request<B>, peer: SocketAddr) -> Response<Full<Bytes>> {
+    pub(crate) async fn handle<B>(
+        &self,
+        req: Request<B>,
+        peer: SocketAddr,
+    ) -> Response<Full<Bytes>> {
         let reads = req.method() == Method::GET || req.method() == Method::HEAD;
         if let (false, Some(token)) = (reads, &self.token) {
             if let Err(why) = check(token, req.headers()) {
@@ -181,7 +185,7 @@ impl Admin {
     }
 
     /// The store's readiness, as `/readyz` answers it, also set in `palisade_ready`.
-    async fn ready(&self) -> Result<(), crate::marks::StoreError> {
+    async fn ready(&self) -> Result<(), crate::fence::marks::StoreError> {
         let r = self.admission.store().ready().await;
         self.own.ready.set(i64::from(r.is_ok()));
         r

@@ -7,15 +7,15 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
-use crate::access_log::{AccessLogError, AccessLogs};
-use crate::admin::{Admin, AdminMetrics};
-use crate::admission::Admission;
-use crate::config::{AdminToken, Config, MarksSettings};
-use crate::marks::{FileStore, MarkStore, MemoryStore, StoreError};
-use crate::metrics::Metrics;
-use crate::proxy::{Affinity, Proxy};
-use crate::reload::Reloader;
-use crate::server;
+use crate::fence::admission::Admission;
+use crate::fence::marks::{FileStore, MarkStore, MemoryStore, StoreError};
+use crate::fence::metrics::Metrics;
+use crate::proxy::access_log::{AccessLogError, AccessLogs};
+use crate::proxy::admin::{Admin, AdminMetrics};
+use crate::proxy::config::{AdminToken, Config, MarksSettings};
+use crate::proxy::pipeline::{Affinity, Proxy};
+use crate::proxy::reload::Reloader;
+use crate::proxy::server;
 
 /// Listeners for [`run`], bound by the caller (tests bind port 0).
 #[derive(Debug)]
@@ -87,7 +87,7 @@ pub async fn open_store(config: &Config) -> Result<Arc<dyn MarkStore>, StoreErro
         MarksSettings::File { path } => Arc::new(FileStore::open(path)?),
         #[cfg(feature = "etcd")]
         MarksSettings::Etcd(settings) => {
-            Arc::new(crate::marks::etcd::EtcdStore::connect(settings).await?)
+            Arc::new(crate::fence::marks::etcd::EtcdStore::connect(settings).await?)
         }
         #[cfg(not(feature = "etcd"))]
         MarksSettings::Etcd(_) => {
@@ -267,7 +267,7 @@ impl App {
         let first = fast_path.then(|| {
             let current = Arc::clone(&current);
             Arc::new(move |conn| crate::proxy::pipeline::fast::serve(Arc::clone(&current), conn))
-                as server::FirstHandler<Affinity>
+                as server::FirstHandler
         });
         server::serve_first(
             listeners.proxy,

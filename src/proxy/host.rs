@@ -17,20 +17,20 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 /// A validated `host[:port]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostPort<'a> {
+pub(crate) struct HostPort<'a> {
     /// The host without its trailing dot (brackets kept for IPv6).
-    pub host: &'a str,
+    pub(crate) host: &'a str,
     /// The port digits, if any.
-    pub port: Option<&'a str>,
+    pub(crate) port: Option<&'a str>,
     /// Whether the original had a trailing dot (then it must be forwarded without one).
-    pub trailing_dot: bool,
+    pub(crate) trailing_dot: bool,
 }
 
 /// Validates an authority (Host header value or URI authority).
 ///
 /// # Errors
 /// Why it is not a `host[:port]` in the form above.
-pub fn parse(raw: &str) -> Result<HostPort<'_>, &'static str> {
+pub(crate) fn parse(raw: &str) -> Result<HostPort<'_>, &'static str> {
     if raw.is_empty() {
         return Err("the host is empty");
     }
@@ -89,7 +89,7 @@ pub fn parse(raw: &str) -> Result<HostPort<'_>, &'static str> {
 ///
 /// # Errors
 /// Why it is not a host in the form above.
-pub fn parse_route_host(raw: &str) -> Result<String, &'static str> {
+pub(crate) fn parse_route_host(raw: &str) -> Result<String, &'static str> {
     let hp = parse(raw)?;
     if hp.port.is_some() {
         return Err("must be a bare host name without port");

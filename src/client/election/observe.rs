@@ -5,10 +5,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{current, read_term, Observation};
-use crate::error::Error;
-use crate::provider::KeyRange;
-use crate::queue::Primitive;
-use crate::session::Session;
+use crate::client::backend::KeyRange;
+use crate::client::error::Error;
+use crate::client::queue::Primitive;
+use crate::client::session::Session;
 
 /// A stream of [`Observation`]s; stops its background watch when dropped.
 ///

@@ -12,7 +12,7 @@ use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
 use super::{
     bounded, inner_response, IsOwner, TxnError, DEFAULT_MAX_ATTEMPTS, DEFAULT_REQUEST_TIMEOUT,
 };
-use crate::session::Incarnation;
+use crate::client::session::Incarnation;
 
 /// Software transactional memory on etcd: a closure that reads and writes keys runs as one
 /// serializable transaction, optionally fenced by a grant.

@@ -19,12 +19,13 @@ use etcd_client::{
     TxnResponse as EtcdTxnResponse, WatchOptions, WatchStream,
 };
 
-use super::{
+use super::Provider;
+use crate::client::backend::{
     Backend, BackendError, BoxFuture, Compare, Event, EventKind, Events, KeyRange, Kv, LeaseId,
-    LeaseInfo, Op, OpResponse, Provider, Revision, SortByCreate, Txn, TxnResponse,
+    LeaseInfo, Op, OpResponse, Revision, SortByCreate, Txn, TxnResponse,
 };
-use crate::error::Error;
-use crate::session::{Session, SessionOptions};
+use crate::client::error::Error;
+use crate::client::session::{Session, SessionOptions};
 
 /// Default bound on every etcd request.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);

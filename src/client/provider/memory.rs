@@ -16,12 +16,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::{
-    Backend, BackendError, BoxFuture, Event, Events, KeyRange, LeaseId, LeaseInfo, Provider,
-    Revision, Txn, TxnResponse,
+use super::Provider;
+use crate::client::backend::{
+    Backend, BackendError, BoxFuture, Event, Events, KeyRange, LeaseId, LeaseInfo, Revision, Txn,
+    TxnResponse,
 };
-use crate::error::Error;
-use crate::session::{Session, SessionOptions};
+use crate::client::error::Error;
+use crate::client::session::{Session, SessionOptions};
 
 mod state;
 

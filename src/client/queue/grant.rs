@@ -3,10 +3,10 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::error::Error;
-use crate::owner::Owner;
-use crate::provider::{EventKind, KeyRange, Op, Txn};
-use crate::session::{Claim, Incarnation, LossSignal, Session, SessionState};
+use crate::client::backend::{EventKind, KeyRange, Op, Txn};
+use crate::client::error::Error;
+use crate::client::owner::Owner;
+use crate::client::session::{Claim, Incarnation, LossSignal, Session, SessionState};
 use crate::token::FencingToken;
 
 /// What every grant (lock, read/write, leadership) holds.
@@ -213,7 +213,7 @@ fn follow_for_metrics(
     mut signal: LossSignal,
 ) -> Option<tokio::sync::watch::Sender<Option<bool>>> {
     use crate::client::metrics::{Kind, Owned, Reason};
-    use crate::session::{Loss, Role};
+    use crate::client::session::{Loss, Role};
     let rt = tokio::runtime::Handle::try_current().ok()?;
     let kind = match claim.role() {
         Role::Lock | Role::Write => Kind::Exclusive,

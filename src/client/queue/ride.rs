@@ -12,9 +12,9 @@
 use std::time::Duration;
 
 use super::lost_error;
-use crate::error::Error;
-use crate::provider::{Txn, TxnResponse};
-use crate::session::{LossSignal, Session};
+use crate::client::backend::{Txn, TxnResponse};
+use crate::client::error::Error;
+use crate::client::session::{LossSignal, Session};
 
 /// How long a blocking acquisition waits before asking an unreachable store again.
 const RETRY_PAUSE: Duration = Duration::from_millis(100);

@@ -2,8 +2,8 @@
 //! be repeated through a store outage.
 
 use super::{lost_error, pause, txn_riding_out, Pending, Primitive};
-use crate::error::Error;
-use crate::provider::{EventKind, KeyRange, Kv, Op, SortByCreate, Txn};
+use crate::client::backend::{EventKind, KeyRange, Kv, Op, SortByCreate, Txn};
+use crate::client::error::Error;
 
 impl Pending {
     /// Waits until no entry created before ours satisfies `blocks`.

@@ -2,10 +2,10 @@
 //! free slot (see the parent module for the key layout).
 
 use super::MAX_PERMITS;
-use crate::error::Error;
-use crate::provider::{Compare, EventKind, KeyRange, Op, Txn, TxnResponse};
-use crate::queue::{lost_error, pause, token, txn_riding_out, Pending, Primitive};
-use crate::session::{Incarnation, Session};
+use crate::client::backend::{Compare, EventKind, KeyRange, Op, Txn, TxnResponse};
+use crate::client::error::Error;
+use crate::client::queue::{lost_error, pause, token, txn_riding_out, Pending, Primitive};
+use crate::client::session::{Incarnation, Session};
 use crate::token::FencingToken;
 
 fn permits_key(p: &Primitive) -> String {
@@ -21,7 +21,7 @@ pub(super) fn slot_key(p: &Primitive, slot: u32) -> String {
 }
 
 pub(super) fn epoch_key(p: &Primitive, slot: u32) -> String {
-    format!("{}/{slot}", crate::session::epoch_of(&p.path))
+    format!("{}/{slot}", crate::client::session::epoch_of(&p.path))
 }
 
 pub(super) fn epoch_value(entry: &str) -> Vec<u8> {
@@ -228,7 +228,7 @@ pub(super) async fn take_slot(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::provider::{Kv, OpResponse};
+    use crate::client::backend::{Kv, OpResponse};
 
     #[test]
     fn the_lowest_unheld_slot_below_the_count_is_free() {

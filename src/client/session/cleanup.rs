@@ -9,8 +9,8 @@
 use std::time::Duration;
 
 use super::{lock, Role, Session, SessionState, Slot};
-use crate::error::Error;
-use crate::provider::{Compare, KeyRange, Op, Txn};
+use crate::client::backend::{Compare, KeyRange, Op, Txn};
+use crate::client::error::Error;
 
 /// An entry in a primitive's queue: its key and the revision that created it. A later entry
 /// under the same key (the same session acquiring again) is a different incarnation.

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::liveness::Liveness;
 use super::SessionState;
-use crate::provider::{Backend, LeaseId};
+use crate::client::backend::{Backend, LeaseId};
 
 /// Renews the lease every TTL/3. The liveness deadline is when the store forgets the lease if
 /// no keepalive lands, measured from when the last acknowledged one was *sent* (conservative).

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::SessionState;
-use crate::provider::LeaseId;
+use crate::client::backend::LeaseId;
 
 pub(crate) struct Liveness {
     state: watch::Sender<SessionState>,

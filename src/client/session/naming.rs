@@ -4,11 +4,9 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::client::error::Error;
 
-/// The longest primitive name, in bytes. Keys must fit etcd's request limit (1.5 MiB by
-/// default, with several keys per request); a kilobyte is far more than a name needs.
-pub const MAX_NAME_BYTES: usize = 1024;
+pub use crate::client::limits::MAX_NAME_BYTES;
 
 /// The longest lease TTL: etcd's own maximum (`MaxLeaseTTL`, 9 000 000 000 s).
 pub const MAX_TTL: Duration = Duration::from_secs(9_000_000_000);
@@ -69,13 +67,13 @@ pub(crate) fn path(namespace: &str, kind: &str, name: &str) -> Result<String, Er
 /// `rwlock` and `election` route keys).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EpochOf {
-    /// A lock ([`crate::lock`]).
+    /// A lock ([`crate::client::lock`]).
     Lock,
-    /// A read/write lock ([`crate::rwlock`]): writers and read phases bump one epoch.
+    /// A read/write lock ([`crate::client::rwlock`]): writers and read phases bump one epoch.
     RwLock,
-    /// An election ([`crate::election`]).
+    /// An election ([`crate::client::election`]).
     Election,
-    /// A semaphore ([`crate::semaphore`]): one epoch per slot (see [`slot_epoch_key`]).
+    /// A semaphore ([`crate::client::semaphore`]): one epoch per slot (see [`slot_epoch_key`]).
     Semaphore,
 }
 
@@ -105,7 +103,7 @@ pub fn epoch_key(namespace: &str, kind: EpochOf, name: &str) -> Result<String, E
 
 /// The epoch key of slot `slot` of semaphore `name` in `namespace`, whose mod revision is the
 /// token of the slot's current holder (its resource is `name/slot`, as
-/// [`crate::semaphore::Permit::resource`] names it).
+/// [`crate::client::semaphore::Permit::resource`] names it).
 ///
 /// # Errors
 /// As [`epoch_key`].

@@ -20,7 +20,7 @@ pub enum Loss {
     /// by a `Session::release` of that incarnation, or by a session resumed on the same
     /// lease): the grant no longer owns anything.
     EntryDeleted,
-    /// A resource refused the grant's token below `mark` ([`crate::owner::Owner::fenced`]):
+    /// A resource refused the grant's token below `mark` ([`crate::client::owner::Owner::fenced`]):
     /// a newer owner exists.
     Fenced {
         /// The mark that refused the token.
@@ -71,7 +71,7 @@ impl LossSignal {
         } = self;
         let refused = async {
             match fenced {
-                Some(rx) => crate::owner::fenced(rx).await,
+                Some(rx) => crate::client::owner::fenced(rx).await,
                 None => std::future::pending().await,
             }
         };

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Admitted, Refused, Resource, PERSIST_TIMEOUT};
-use crate::drain::Ticket;
-use crate::guard::Verdict;
-use crate::marks::{MarkStore, StoreError};
-use crate::metrics::StoreMetrics;
+use crate::fence::drain::Ticket;
+use crate::fence::guard::Verdict;
+use crate::fence::marks::{MarkStore, StoreError};
+use crate::fence::metrics::StoreMetrics;
 use crate::token::FencingToken;
 
 /// The advance path: `Ok(None)` when the token turned out equal to the mark by the time the
@@ -79,7 +79,7 @@ pub(super) async fn advance(
             }
             return Err(Refused::Unavailable {
                 token,
-                step: crate::reject::StoreStep::Persist { token: token.get() },
+                step: crate::fence::reject::StoreStep::Persist { token: token.get() },
                 source,
             });
         }

@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
 use super::{Admission, Resource};
-use crate::marks::StoreError;
+use crate::fence::marks::StoreError;
 
 /// Default `[marks] max_cached`: entities kept in memory.
 pub const DEFAULT_MAX_CACHED: usize = 100_000;
@@ -30,7 +30,7 @@ pub(super) struct Entities {
     /// The stored-marks budget of each template, counted from the store at first use.
     quotas: tokio::sync::Mutex<HashMap<String, Arc<Quota>>>,
     /// Each template's metrics, shared by its entities.
-    metrics: Mutex<HashMap<String, Arc<crate::metrics::MarkMetrics>>>,
+    metrics: Mutex<HashMap<String, Arc<crate::fence::metrics::MarkMetrics>>>,
     /// Loads from the store and evictions, for metrics and tests.
     pub(super) loaded: AtomicUsize,
     pub(super) evicted: AtomicUsize,
@@ -143,8 +143,8 @@ impl Entities {
     pub(super) fn metrics_of(
         &self,
         template: &str,
-        metrics: &crate::metrics::Metrics,
-    ) -> Arc<crate::metrics::MarkMetrics> {
+        metrics: &crate::fence::metrics::Metrics,
+    ) -> Arc<crate::fence::metrics::MarkMetrics> {
         let mut all = lock(&self.metrics);
         if let Some(m) = all.get(template) {
             return Arc::clone(m);
@@ -155,7 +155,7 @@ impl Entities {
     }
 
     /// Registers an entity just inserted in the resource table.
-    pub(super) fn admitted(&self, r: &Arc<Resource>, metrics: &crate::metrics::Metrics) {
+    pub(super) fn admitted(&self, r: &Arc<Resource>, metrics: &crate::fence::metrics::Metrics) {
         self.loaded.fetch_add(1, Relaxed);
         self.count.fetch_add(1, Relaxed);
         let m = metrics.entities();
@@ -201,7 +201,7 @@ impl Admission {
     pub async fn entity_within(
         &self,
         name: &str,
-        template: &crate::template::ResourceTemplate,
+        template: &crate::fence::template::ResourceTemplate,
         max_marks: Option<u64>,
     ) -> Result<Arc<Resource>, StoreError> {
         if let Some(entity) = self.entity_cached(name, max_marks) {
@@ -232,7 +232,7 @@ impl Admission {
 
     async fn quota(
         &self,
-        template: &crate::template::ResourceTemplate,
+        template: &crate::fence::template::ResourceTemplate,
         limit: u64,
     ) -> Result<Arc<Quota>, StoreError> {
         let mut quotas = self.entities.quotas.lock().await;

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, Weak};
 
 use super::advance::learn;
 use super::Resource;
-use crate::marks::MarkStore;
+use crate::fence::marks::MarkStore;
 
 /// The followed epoch keys, the watches behind them and the generation.
 #[derive(Default)]

@@ -7,8 +7,8 @@ use super::advance::learn;
 use std::time::Duration;
 
 use super::{read, Admission, Refused, Resource};
-use crate::marks::{Consistency, StoreError};
-use crate::reject::StoreStep;
+use crate::fence::marks::{Consistency, StoreError};
+use crate::fence::reject::StoreStep;
 use crate::token::FencingToken;
 
 impl Admission {

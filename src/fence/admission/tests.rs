@@ -1,5 +1,5 @@
 use super::*;
-use crate::marks::MemoryStore;
+use crate::fence::marks::MemoryStore;
 
 const D: Duration = Duration::from_secs(2);
 
@@ -204,7 +204,7 @@ impl MarkStore for Counting {
     fn kind(&self) -> &'static str {
         "memory"
     }
-    fn load(&self) -> crate::marks::BoxFuture<'_, Result<Marks, StoreError>> {
+    fn load(&self) -> crate::fence::marks::BoxFuture<'_, Result<Marks, StoreError>> {
         self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(async move {
             // A slow read when asked, so that first uses really overlap.
@@ -218,10 +218,10 @@ impl MarkStore for Counting {
         &'a self,
         resource: &'a str,
         mark: u64,
-    ) -> crate::marks::BoxFuture<'a, Result<u64, StoreError>> {
+    ) -> crate::fence::marks::BoxFuture<'a, Result<u64, StoreError>> {
         self.inner.persist(resource, mark)
     }
-    fn ready(&self) -> crate::marks::BoxFuture<'_, Result<(), StoreError>> {
+    fn ready(&self) -> crate::fence::marks::BoxFuture<'_, Result<(), StoreError>> {
         self.inner.ready()
     }
 }

@@ -1,5 +1,5 @@
 //! The equal-token side of a drain: a request's [`Ticket`], the shard it counts in, and each
-//! thread's cache of the shard it last entered (see the module docs of [`crate::drain`] for
+//! thread's cache of the shard it last entered (see the module docs of [`crate::fence::drain`] for
 //! the ordering argument).
 
 use std::cell::RefCell;

@@ -1,5 +1,5 @@
 //! The layer's bodies: the request body the inner service reads and the response body it
-//! returns, each holding half of the request's drain ticket (see [`crate::drain`]).
+//! returns, each holding half of the request's drain ticket (see [`crate::fence::drain`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{Either, Full};
 
-use crate::drain::Ticket;
-use crate::flight::{poll_fenced, BodyError as BoxError, Flight};
+use crate::fence::drain::Ticket;
+use crate::fence::flight::{poll_fenced, BodyError as BoxError, Flight};
 
 pin_project_lite::pin_project! {
     /// The request body an inner service reads behind the fence. It fails with [`Aborted`] if

@@ -8,7 +8,7 @@ use std::task::{ready, Context, Poll};
 use http::Response;
 
 use super::FenceResponseBody;
-use crate::drain::Ticket;
+use crate::fence::drain::Ticket;
 
 /// A boxed future: the rare paths only (see [`ResponseFuture`]).
 pub(super) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;

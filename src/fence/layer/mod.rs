@@ -35,14 +35,14 @@ use bytes::Bytes;
 use http::{HeaderName, Request, Response};
 use http_body::Body;
 
-pub use crate::flight::{Aborted, BodyError as BoxError};
+pub use crate::fence::flight::{Aborted, BodyError as BoxError};
 pub use body::{FenceRequestBody, FenceResponseBody};
 pub use future::ResponseFuture;
 
-use crate::admission::{Admission, Refused, Resource};
-use crate::guard::MissingToken;
-use crate::reject::{Context as RejectContext, Rejection};
-use crate::template::{PathPattern, ResourceTemplate};
+use crate::fence::admission::{Admission, Refused, Resource};
+use crate::fence::guard::MissingToken;
+use crate::fence::reject::{Context as RejectContext, Rejection};
+use crate::fence::template::{PathPattern, ResourceTemplate};
 use crate::token::{self, FencingToken};
 
 /// Picks a request's resource from its head.
@@ -69,9 +69,9 @@ fn derive(which: &Which, parts: &http::request::Parts) -> Result<Option<String>,
         Which::Template(t) => {
             let (pattern, template) = &**t;
             // The path as the service will read it: one spelling per entity.
-            let normal = crate::path::normalize(parts.uri.path())
+            let normal = crate::fence::path::normalize(parts.uri.path())
                 .map_err(|e| Rejection::BadPath(Box::new(e)))?;
-            let key = crate::path::match_key(&normal);
+            let key = crate::fence::path::match_key(&normal);
             let Some(captures) = pattern.captures(&key) else {
                 return Ok(None);
             };
@@ -140,7 +140,7 @@ impl FenceLayer {
     /// Takes the resource from the request: requests whose normal-form path `pattern`
     /// matches are guarded by the mark of the entity `template` names (one mark per entity,
     /// its metrics per template); other requests go through unguarded. The same types as the
-    /// proxy's `path_pattern` and `resource` (see [`crate::template`]).
+    /// proxy's `path_pattern` and `resource` (see [`crate::fence::template`]).
     pub fn with_template(self, pattern: PathPattern, template: ResourceTemplate) -> Self {
         self.with(|s| s.which = Which::Template(Arc::new((pattern, template))))
     }
@@ -323,7 +323,7 @@ fn refuse<RB>(
         resource: resource.as_deref().map(Resource::name),
         token,
     };
-    let grpc = crate::reject::grpc_content_type(headers);
+    let grpc = crate::fence::grpc::grpc_content_type(headers);
     rejection
         .respond(ctx, grpc.as_ref())
         .map(FenceResponseBody::rejected)
@@ -338,8 +338,8 @@ async fn fence_answer<RB>(
     let refusal = match admit(s, parts).await {
         Ok(Some((_, ticket, resource))) => {
             drop(ticket);
-            let grpc = crate::reject::grpc_content_type(&parts.headers);
-            return crate::reject::fence_admitted(resource.mark(), grpc.as_ref())
+            let grpc = crate::fence::grpc::grpc_content_type(&parts.headers);
+            return crate::fence::reject::fence_admitted(resource.mark(), grpc.as_ref())
                 .map(FenceResponseBody::rejected);
         }
         // Allowed without a token: a fence needs one.
@@ -412,7 +412,7 @@ fn decide_now(
 }
 
 /// An admitted request's token and drain ticket (`None`: unguarded, or allowed without one).
-type Admitted = Option<(FencingToken, crate::drain::Ticket)>;
+type Admitted = Option<(FencingToken, crate::fence::drain::Ticket)>;
 
 type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
 
@@ -421,7 +421,7 @@ type Refusal = (Rejection, Option<Arc<Resource>>, Option<u64>);
 async fn admit(
     s: &Settings,
     parts: &http::request::Parts,
-) -> Result<Option<(FencingToken, crate::drain::Ticket, Arc<Resource>)>, Refusal> {
+) -> Result<Option<(FencingToken, crate::fence::drain::Ticket, Arc<Resource>)>, Refusal> {
     let derived = match &s.which {
         Which::Fixed(..) => None,
         which => match derive(which, parts) {
@@ -442,7 +442,7 @@ async fn admit(
     };
     let unavailable = |_| {
         let load = Rejection::StoreUnavailable {
-            step: crate::reject::StoreStep::Load,
+            step: crate::fence::reject::StoreStep::Load,
             mark: None,
         };
         (load, None, Some(token.get()))

@@ -234,8 +234,7 @@ impl FileStore {
     /// Only for the operator's recovery (`palisade marks set`): lowering a mark re-admits every
     /// holder of a token at or above `value`, zombies included. The proxy itself only ever
     /// calls [`MarkStore::persist`], which never lowers.
-    #[cfg_attr(not(feature = "proxy"), allow(dead_code))] // used by `palisade marks set`
-    pub(crate) fn overwrite(&self, resource: &str, value: u64) -> Result<u64, StoreError> {
+    pub fn overwrite(&self, resource: &str, value: u64) -> Result<u64, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.inner.writer.send(Op::Set {
             resource: resource.to_owned(),

@@ -7,39 +7,39 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::config::AccessLogFormat;
+use crate::proxy::config::AccessLogFormat;
 
 /// What one request did, as its access log line reports it.
 #[derive(Debug, Clone, Copy)]
-pub struct Line<'a> {
+pub(crate) struct Line<'a> {
     /// The client's address.
-    pub peer: SocketAddr,
+    pub(crate) peer: SocketAddr,
     /// The request method.
-    pub method: &'a str,
+    pub(crate) method: &'a str,
     /// The request path as the client sent it (no query: it may carry secrets).
-    pub path: &'a str,
+    pub(crate) path: &'a str,
     /// The route that matched; `None` when none did.
-    pub route: Option<&'a str>,
+    pub(crate) route: Option<&'a str>,
     /// The resource the route guards; `None` on unguarded routes and unrouted requests.
-    pub resource: Option<&'a str>,
+    pub(crate) resource: Option<&'a str>,
     /// The response status palisade sent (the upstream's, or its own refusal's).
-    pub status: u16,
+    pub(crate) status: u16,
     /// The `outcome` label of `palisade_requests_total` (`admitted`, `stale`, `no_route`...).
-    pub outcome: &'static str,
+    pub(crate) outcome: &'static str,
     /// The fencing token, when the request carried a valid one.
-    pub token: Option<u64>,
+    pub(crate) token: Option<u64>,
     /// The resource's mark when the response head was ready; `None` when unguarded.
-    pub mark: Option<u64>,
+    pub(crate) mark: Option<u64>,
     /// The upstream the request was sent to; `None` when palisade answered by itself.
-    pub upstream: Option<&'a str>,
+    pub(crate) upstream: Option<&'a str>,
     /// From the request's arrival until its response head was ready (the body's streaming is
     /// not included, as with `palisade_request_duration_seconds`).
-    pub latency: Duration,
+    pub(crate) latency: Duration,
 }
 
 impl Line<'_> {
     /// Appends the line, with its trailing newline, to `out`, stamped with `now`.
-    pub fn write(&self, format: AccessLogFormat, now: SystemTime, out: &mut Vec<u8>) {
+    pub(crate) fn write(&self, format: AccessLogFormat, now: SystemTime, out: &mut Vec<u8>) {
         let mut time = [0u8; 24];
         let time = rfc3339_millis(now, &mut time);
         let latency_us = u64::try_from(self.latency.as_micros()).unwrap_or(u64::MAX);

@@ -21,10 +21,10 @@ use std::time::SystemTime;
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 
 pub(crate) use format::rfc3339_millis;
-pub use format::Line;
+pub(crate) use format::Line;
 
 use self::writer::{Shared, Sink};
-use crate::config::{AccessLogSettings, AccessLogTarget};
+use crate::proxy::config::{AccessLogSettings, AccessLogTarget};
 
 /// Counters of every access log of one process (registered once; a reload that changes the
 /// access log keeps counting in the same series).
@@ -42,7 +42,7 @@ type Retired = Arc<Mutex<Vec<JoinHandle<()>>>>;
 /// Every access log of one process: they share their metrics, and shutdown waits for the
 /// writers of logs that a reload replaced as well as the one in force.
 #[derive(Debug, Clone)]
-pub struct AccessLogs {
+pub(crate) struct AccessLogs {
     metrics: AccessLogMetrics,
     retired: Retired,
 }
@@ -52,7 +52,7 @@ impl AccessLogs {
     ///
     /// # Errors
     /// Fails only if a family with one of these names is already registered there.
-    pub fn new(registry: &Registry) -> prometheus::Result<Self> {
+    pub(crate) fn new(registry: &Registry) -> prometheus::Result<Self> {
         Ok(Self {
             metrics: AccessLogMetrics::new(registry)?,
             retired: Retired::default(),
@@ -63,7 +63,10 @@ impl AccessLogs {
     ///
     /// # Errors
     /// [`AccessLogError`] when the file cannot be opened or the thread cannot start.
-    pub fn open(&self, settings: &AccessLogSettings) -> Result<Arc<AccessLog>, AccessLogError> {
+    pub(crate) fn open(
+        &self,
+        settings: &AccessLogSettings,
+    ) -> Result<Arc<AccessLog>, AccessLogError> {
         let sink = Sink::open(&settings.target).map_err(|source| AccessLogError::Open {
             path: match &settings.target {
                 AccessLogTarget::File(p) => p.clone(),
@@ -86,7 +89,7 @@ impl AccessLogs {
     }
 
     /// Waits until the writers of logs no longer in use have written their last lines.
-    pub async fn wait_retired(&self) {
+    pub(crate) async fn wait_retired(&self) {
         let threads =
             std::mem::take(&mut *self.retired.lock().unwrap_or_else(PoisonError::into_inner));
         if threads.is_empty() {
@@ -150,7 +153,7 @@ pub enum AccessLogError {
 /// A running access log: the shared buffer and its writer thread. Dropping the last handle
 /// makes the thread write what is buffered and stop (without waiting for it);
 /// [`AccessLog::close`] does the same and waits.
-pub struct AccessLog {
+pub(crate) struct AccessLog {
     settings: AccessLogSettings,
     shared: Arc<Shared>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -172,13 +175,13 @@ thread_local! {
 
 impl AccessLog {
     /// The settings it was opened with (a reload that keeps them keeps this log).
-    pub fn settings(&self) -> &AccessLogSettings {
+    pub(crate) fn settings(&self) -> &AccessLogSettings {
         &self.settings
     }
 
     /// Formats `line` and queues it for the writer. Never blocks on I/O: when the writer is
     /// too far behind, the line is dropped and counted.
-    pub fn record(&self, line: &Line<'_>) {
+    pub(crate) fn record(&self, line: &Line<'_>) {
         let format = self.settings.format;
         SCRATCH.with(|scratch| {
             // A re-entrant call (none today) would find the buffer taken: it gets a fresh one.
@@ -193,12 +196,12 @@ impl AccessLog {
 
     /// Asks the writer to reopen its file (SIGUSR1, after logrotate renamed it); lines
     /// buffered before go to the old file. No effect on stderr.
-    pub fn reopen(&self) {
+    pub(crate) fn reopen(&self) {
         self.shared.reopen();
     }
 
     /// Writes what is buffered and stops the writer, waiting for it (shutdown).
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.shared.close();
         let thread = self
             .thread

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use prometheus::IntCounter;
 
 use super::AccessLogMetrics;
-use crate::config::AccessLogTarget;
+use crate::proxy::config::AccessLogTarget;
 
 /// Lines wait at most this long before they are written.
 pub(super) const FLUSH_EVERY: Duration = Duration::from_millis(100);

@@ -40,7 +40,7 @@ pub(super) fn query_value(value: &str) -> String {
 /// `at` as the access log writes times (`2026-12-01T12:53:53.007Z`).
 pub(super) fn time(at: SystemTime) -> String {
     let mut buf = [0u8; 24];
-    String::from_utf8_lossy(crate::access_log::rfc3339_millis(at, &mut buf)).into_owned()
+    String::from_utf8_lossy(crate::proxy::access_log::rfc3339_millis(at, &mut buf)).into_owned()
 }
 
 /// How long before `now` `at` was, in words (`3 s ago`).

@@ -27,10 +27,10 @@ use http_body_util::Full;
 
 use super::html::{ago, esc, time, STYLE};
 use super::{text, Admin, MARKS_PAGE_MAX};
-use crate::config::Config;
-use crate::marks::StoreError;
-use crate::metrics::DrainStats;
-use crate::recent::Refusal;
+use crate::fence::marks::StoreError;
+use crate::fence::metrics::DrainStats;
+use crate::fence::recent::Refusal;
+use crate::proxy::config::Config;
 
 /// Entities per page of a templated route.
 pub(super) const PAGE: usize = 100;

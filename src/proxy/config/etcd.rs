@@ -8,8 +8,8 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use super::{ConfigError, Validator};
-use crate::marks::settings::{EtcdSettings, EtcdTls, Password};
-use crate::marks::Consistency;
+use crate::fence::marks::settings::{EtcdSettings, EtcdTls, Password};
+use crate::fence::marks::Consistency;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]

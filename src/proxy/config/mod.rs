@@ -16,8 +16,8 @@ use http::{HeaderName, Method};
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::path;
-use crate::template::{PathPattern, ResourceTemplate};
+use crate::fence::path;
+use crate::fence::template::{PathPattern, ResourceTemplate};
 
 mod access_log;
 mod admin;
@@ -29,7 +29,7 @@ mod upstream;
 mod validate;
 mod warnings;
 
-pub use crate::marks::settings::{EtcdSettings, EtcdTls, Password};
+pub use crate::fence::marks::settings::{EtcdSettings, EtcdTls, Password};
 pub use access_log::{AccessLogFormat, AccessLogSettings, AccessLogTarget};
 pub use admin::{AdminSettings, AdminToken};
 
@@ -51,7 +51,7 @@ pub struct Config {
     pub marks: MarksSettings,
     /// `[marks] retired`: resources whose protection the operator removed on purpose. A
     /// reload that stops guarding a resource with a mark is refused unless it is listed here
-    /// (see [`crate::reload`]); their marks stay in the store.
+    /// (see [`crate::proxy::reload`]); their marks stay in the store.
     pub retired: Vec<String>,
     /// `[marks] max_cached`: entities of resource templates kept in memory (default
     /// 100000); idle ones beyond it are evicted and read from the store again when needed.
@@ -214,7 +214,7 @@ pub struct HealthCheck {
     pub interval: Duration,
 }
 
-pub use crate::guard::MissingToken;
+pub use crate::fence::guard::MissingToken;
 
 /// Which paths a route matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,7 +224,7 @@ pub enum PathMatch {
     /// `path_prefix`: the prefix and every path below it, at segment boundaries
     /// ([`crate::fence::path_prefix`]: `/warehouses/1` never takes `/warehouses/12`).
     Prefix(String),
-    /// `path_pattern`: segments captured for a resource template ([`crate::template`]).
+    /// `path_pattern`: segments captured for a resource template ([`crate::fence::template`]).
     Pattern(PathPattern),
 }
 
@@ -279,7 +279,7 @@ pub struct RouteSettings {
     /// `max_token`: tokens above it are refused as malformed (400); `None`: no ceiling.
     pub max_token: Option<u64>,
     /// `drain_timeout_ms`: on an advance through this route, how long to wait for requests
-    /// admitted under older marks before aborting them (see [`crate::drain`]).
+    /// admitted under older marks before aborting them (see [`crate::fence::drain`]).
     pub drain_timeout: Duration,
     /// `connect_timeout_ms`: the upstream's unless the route sets its own.
     pub connect_timeout: Duration,
@@ -303,7 +303,7 @@ pub struct RouteSettings {
 #[derive(Debug, Clone)]
 pub struct EpochFeed {
     /// Which kind of primitive.
-    pub kind: crate::session::EpochOf,
+    pub kind: crate::client::session::EpochOf,
     /// `lock_namespace` (default: the library's, `/palisade`).
     pub namespace: String,
     /// The primitive's name: fixed, or a template over placeholders of `resource`.
@@ -318,16 +318,16 @@ impl EpochFeed {
     ///
     /// # Errors
     /// The name is not one the client library would accept (empty, over 1024 bytes).
-    pub fn key(&self, name: &str) -> Result<String, crate::error::Error> {
-        crate::session::epoch_key(&self.namespace, self.kind, name)
+    pub fn key(&self, name: &str) -> Result<String, crate::client::error::Error> {
+        crate::client::session::epoch_key(&self.namespace, self.kind, name)
     }
 
     /// The epoch key of slot `slot` (the `{slot}` capture) of the semaphore a request names.
     ///
     /// # Errors
     /// As [`EpochFeed::key`].
-    pub fn slot_key(&self, name: &str, slot: u32) -> Result<String, crate::error::Error> {
-        crate::session::slot_epoch_key(&self.namespace, name, slot)
+    pub fn slot_key(&self, name: &str, slot: u32) -> Result<String, crate::client::error::Error> {
+        crate::client::session::slot_epoch_key(&self.namespace, name, slot)
     }
 }
 

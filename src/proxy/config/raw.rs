@@ -142,7 +142,7 @@ pub(super) struct Route {
 
 /// `[proxy] http1_fast_path` when the file does not say (see `ProxySettings::http1_fast_path`).
 fn default_fast_path() -> bool {
-    crate::config::DEFAULT_HTTP1_FAST_PATH
+    crate::proxy::config::DEFAULT_HTTP1_FAST_PATH
 }
 fn default_grace() -> u64 {
     10_000

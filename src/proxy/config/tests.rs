@@ -348,8 +348,12 @@ fn a_route_fed_by_a_lock_is_checked_against_its_store_and_resource() {
     // The key layout is the client library's own.
     assert_eq!(
         palisade_key(),
-        crate::session::epoch_key("/palisade", crate::session::EpochOf::Lock, "locks/orders")
-            .unwrap()
+        crate::client::session::epoch_key(
+            "/palisade",
+            crate::client::session::EpochOf::Lock,
+            "locks/orders"
+        )
+        .unwrap()
     );
     for (text, key, says) in [
         (
@@ -427,7 +431,7 @@ fn a_route_fed_by_a_lock_is_checked_against_its_store_and_resource() {
     let c = Config::parse(&sem("jobs/{slot}"), Path::new("p.toml")).unwrap();
     assert!(c.routes[0].epoch.as_ref().unwrap().fixed_key.is_none());
     assert_eq!(
-        crate::session::slot_epoch_key("/palisade", "jobs", 3).unwrap(),
+        crate::client::session::slot_epoch_key("/palisade", "jobs", 3).unwrap(),
         "/palisade/semaphore/jobs/epoch/3"
     );
     let (_, _, k, msg) = err(&sem("jobs"));

@@ -37,10 +37,10 @@ impl Validator<'_> {
             self.positive(
                 raw.marks.max_cached.take(),
                 "marks.max_cached",
-                crate::admission::DEFAULT_MAX_CACHED,
+                crate::fence::admission::DEFAULT_MAX_CACHED,
             ),
         )
-        .unwrap_or(crate::admission::DEFAULT_MAX_CACHED);
+        .unwrap_or(crate::fence::admission::DEFAULT_MAX_CACHED);
         let marks = keep(&mut errors, self.marks(raw.marks));
 
         let mut upstreams: Vec<UpstreamSettings> = Vec::with_capacity(raw.upstream.len());
@@ -346,12 +346,13 @@ impl Validator<'_> {
                 Some(out)
             }
         };
-        let host = match r.host {
-            None => None,
-            Some(h) => Some(crate::host::parse_route_host(h.get_ref()).map_err(|why| {
-                self.at(&h, key("host"), format_args!("{:?} {why}", h.get_ref()))
-            })?),
-        };
+        let host =
+            match r.host {
+                None => None,
+                Some(h) => Some(crate::proxy::host::parse_route_host(h.get_ref()).map_err(
+                    |why| self.at(&h, key("host"), format_args!("{:?} {why}", h.get_ref())),
+                )?),
+            };
         let (resource, template) = match r.resource {
             None if matches!(path, PathMatch::Pattern(_)) && r.guard => {
                 return Err(self.at(
@@ -392,10 +393,18 @@ impl Validator<'_> {
         };
         let epoch = self.epoch_feed(
             [
-                (r.lock, crate::session::EpochOf::Lock, "lock"),
-                (r.election, crate::session::EpochOf::Election, "election"),
-                (r.rwlock, crate::session::EpochOf::RwLock, "rwlock"),
-                (r.semaphore, crate::session::EpochOf::Semaphore, "semaphore"),
+                (r.lock, crate::client::session::EpochOf::Lock, "lock"),
+                (
+                    r.election,
+                    crate::client::session::EpochOf::Election,
+                    "election",
+                ),
+                (r.rwlock, crate::client::session::EpochOf::RwLock, "rwlock"),
+                (
+                    r.semaphore,
+                    crate::client::session::EpochOf::Semaphore,
+                    "semaphore",
+                ),
             ],
             r.lock_namespace,
             (r.guard, &path, &resource, template.as_ref()),
@@ -465,7 +474,11 @@ impl Validator<'_> {
     #[allow(clippy::type_complexity)]
     fn epoch_feed(
         &self,
-        given: [(Option<Spanned<String>>, crate::session::EpochOf, &str); 4],
+        given: [(
+            Option<Spanned<String>>,
+            crate::client::session::EpochOf,
+            &str,
+        ); 4],
         namespace: Option<Spanned<String>>,
         (guard, path, resource, template): (bool, &PathMatch, &str, Option<&ResourceTemplate>),
         marks: Option<&MarksSettings>,
@@ -506,12 +519,12 @@ impl Validator<'_> {
         }
         let namespace = match namespace {
             Some(ns) => {
-                if let Err(e) = crate::session::epoch_key(ns.get_ref(), kind, "x") {
+                if let Err(e) = crate::client::session::epoch_key(ns.get_ref(), kind, "x") {
                     return Err(self.at(&ns, key("lock_namespace"), e));
                 }
                 ns.into_inner()
             }
-            None => crate::session::DEFAULT_NAMESPACE.to_owned(),
+            None => crate::client::session::DEFAULT_NAMESPACE.to_owned(),
         };
         let captures: Vec<&str> = match path {
             PathMatch::Pattern(p) => p.names().collect(),
@@ -533,7 +546,7 @@ impl Validator<'_> {
                 ),
             ));
         }
-        if kind == crate::session::EpochOf::Semaphore {
+        if kind == crate::client::session::EpochOf::Semaphore {
             let slot = ResourceTemplate::parse("{slot}", captures.iter().copied()).ok();
             let per_slot = match (slot, template) {
                 (Some(slot), Some(t)) => slot.placeholders_within(t),
@@ -549,8 +562,8 @@ impl Validator<'_> {
                 ));
             }
         }
-        let fixed_key = if parsed.is_fixed() && kind != crate::session::EpochOf::Semaphore {
-            let k_ = crate::session::epoch_key(&namespace, kind, parsed.as_str())
+        let fixed_key = if parsed.is_fixed() && kind != crate::client::session::EpochOf::Semaphore {
+            let k_ = crate::client::session::epoch_key(&namespace, kind, parsed.as_str())
                 .map_err(|e| self.at(&name, key(k), e))?;
             Some(std::sync::Arc::from(k_))
         } else {
@@ -602,7 +615,7 @@ pub(super) fn tunnel_around(
     if !r.websocket {
         return None;
     }
-    let open = !r.guard || r.missing_token == crate::guard::MissingToken::Allow;
+    let open = !r.guard || r.missing_token == crate::fence::guard::MissingToken::Allow;
     let of = |u: &UpstreamSettings| -> Vec<(String, u16)> {
         let default = if u.scheme == http::uri::Scheme::HTTPS {
             443
@@ -628,7 +641,7 @@ pub(super) fn tunnel_around(
 pub(super) fn tunnel_risk(route: &RouteSettings, guarded: &[String]) -> String {
     let how = if !route.guard {
         "unguarded route"
-    } else if route.missing_token == crate::guard::MissingToken::Allow {
+    } else if route.missing_token == crate::fence::guard::MissingToken::Allow {
         "route with missing_token = \"allow\""
     } else {
         "route of another resource"

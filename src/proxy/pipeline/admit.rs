@@ -20,11 +20,11 @@ use super::request_body::BodyLimit;
 use super::response_body::InflightGuard;
 use super::upstream::Upstream;
 use super::{Proxy, Route, Routed};
-use crate::config::GetBodies;
-use crate::drain::Ticket;
-use crate::metrics::Outcome;
-use crate::path::{self, PathError};
-use crate::reject::Rejection;
+use crate::fence::drain::Ticket;
+use crate::fence::metrics::Outcome;
+use crate::fence::path::{self, PathError};
+use crate::fence::reject::Rejection;
+use crate::proxy::config::GetBodies;
 
 /// `x-fencing-fence`, read from the request's fields.
 const FENCE_HEADER: http::HeaderName = http::HeaderName::from_static(crate::token::FENCE_HEADER);

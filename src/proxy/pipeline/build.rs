@@ -17,10 +17,10 @@ use http::Method;
 
 use super::upstream::Upstream;
 use super::{Proxy, Route};
-use crate::access_log::AccessLog;
-use crate::admission::Admission;
-use crate::config::Config;
-use crate::metrics::Metrics;
+use crate::fence::admission::Admission;
+use crate::fence::metrics::Metrics;
+use crate::proxy::access_log::AccessLog;
+use crate::proxy::config::Config;
 
 /// What a reload carried over from the previous configuration.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,7 +37,8 @@ impl Proxy {
     ///
     /// # Panics
     /// If a guarded route's resource is missing from `admission` (a wiring bug, not bad input).
-    pub fn new(config: &Config, admission: Arc<Admission>, metrics: &Metrics) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(config: &Config, admission: Arc<Admission>, metrics: &Metrics) -> Self {
         Self::build(config, admission, metrics, None, None).0
     }
 
@@ -47,7 +48,7 @@ impl Proxy {
     /// # Panics
     /// If a guarded route's resource is missing from `admission` (open it first with
     /// [`Admission::open_resources`]).
-    pub fn build(
+    pub(crate) fn build(
         config: &Config,
         admission: Arc<Admission>,
         metrics: &Metrics,
@@ -109,7 +110,7 @@ impl Proxy {
 
     /// Whether a route of this configuration guards `resource` (a fixed one, or one its
     /// template can fill in).
-    pub fn guards(&self, resource: &str) -> bool {
+    pub(crate) fn guards(&self, resource: &str) -> bool {
         self.routes.iter().any(|r| {
             r.resource.as_ref().is_some_and(|x| x.name() == resource)
                 || (r.settings.guard
@@ -121,12 +122,7 @@ impl Proxy {
     }
 
     /// The access log this configuration writes to, if any.
-    pub fn access_log(&self) -> Option<&Arc<AccessLog>> {
+    pub(crate) fn access_log(&self) -> Option<&Arc<AccessLog>> {
         self.access_log.as_ref()
-    }
-
-    /// The names of the configured routes, in order.
-    pub fn route_names(&self) -> impl Iterator<Item = &str> {
-        self.routes.iter().map(|r| r.settings.name.as_str())
     }
 }

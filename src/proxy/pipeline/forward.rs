@@ -14,9 +14,9 @@ use super::request_body::{Delivered, RequestBody};
 use super::upstream::http1::{self, Held, Home};
 use super::upstream::{Upstream, Via};
 use super::Affinity;
-use crate::drain::Generation;
+use crate::fence::drain::Generation;
+use crate::fence::reject::Rejection;
 use crate::proxy::error_chain::error_chain;
-use crate::reject::Rejection;
 
 /// How long an aborted request's pooled (h2c) exchange is kept alive so that it ends with an
 /// error reset rather than a cancel (see [`forward`]).

@@ -27,7 +27,7 @@ use std::task::{Context, Poll};
 use super::forward::ABORT_HOLD;
 use super::request_body::Delivered;
 use super::response_body::InflightGuard;
-use crate::drain::Ticket;
+use crate::fence::drain::Ticket;
 
 /// The exchange's future, with what must live as long as it does once the request went out
 /// whole: the response half of its drain ticket and its in-flight count.

@@ -31,32 +31,30 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
-pub use crate::flight::{Aborted, BodyError};
 pub use build::CarriedOver;
-pub use request_body::RequestBody;
-pub use response_body::Tracked;
-pub use upstream::http1::Affinity;
+pub(crate) use response_body::Tracked;
+pub(crate) use upstream::http1::Affinity;
 
 use self::admit::Admitted;
 use self::forward::{forward, Abort, Forwarded};
 use self::note::{Logged, Note};
 use self::rewrite::{prepare, strip_hop_by_hop, Forward, Head};
 use self::upstream::Upstream;
-use crate::access_log::AccessLog;
-use crate::admission::{Admission, Resource};
-use crate::config::RouteSettings;
-use crate::drain::Ticket;
-use crate::metrics::{Outcome, Outcomes, RouteMetrics};
-use crate::reject::Rejection;
-use crate::server::ConnHold;
+use crate::fence::admission::{Admission, Resource};
+use crate::fence::drain::Ticket;
+use crate::fence::metrics::{Outcome, Outcomes, RouteMetrics};
+use crate::fence::reject::Rejection;
+use crate::proxy::access_log::AccessLog;
+use crate::proxy::config::RouteSettings;
+use crate::proxy::server::ConnHold;
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
-pub type ProxyBody = Either<Tracked, Full<Bytes>>;
+pub(crate) type ProxyBody = Either<Tracked, Full<Bytes>>;
 
 /// The reverse proxy's state for one configuration: routes, upstream clients, admission and
 /// the access log. A reload builds a new one ([`Proxy::build`]); a request keeps the one it
 /// started with until it is over.
-pub struct Proxy {
+pub(crate) struct Proxy {
     routes: Vec<Route>,
     upstreams: Vec<Arc<Upstream>>,
     header: HeaderName,
@@ -117,10 +115,10 @@ fn bodiless_if(head_h2: bool, mut resp: Response<ProxyBody>) -> Response<ProxyBo
 impl Proxy {
     /// Handles one request from `peer`. Never fails: refusals are responses.
     /// `affinity` is the client connection's own: its upstream connection between requests.
-    pub async fn handle(
+    pub(crate) async fn handle(
         &self,
         req: Request<Incoming>,
-        client: crate::server::Peer,
+        client: crate::proxy::server::Peer,
         affinity: &Arc<Affinity>,
     ) -> Response<ProxyBody> {
         let started = Instant::now();
@@ -143,7 +141,7 @@ impl Proxy {
     async fn serve<'a>(
         &'a self,
         mut req: Request<Incoming>,
-        client: crate::server::Peer,
+        client: crate::proxy::server::Peer,
         affinity: &Arc<Affinity>,
         started: Instant,
         note: &mut Note<'a>,
@@ -294,7 +292,7 @@ impl Proxy {
                     Either::Left(Tracked {
                         inner: body,
                         _inflight: inflight,
-                        flight: crate::flight::Flight::of(ticket),
+                        flight: crate::fence::flight::Flight::of(ticket),
                         held,
                         delivered,
                     }),

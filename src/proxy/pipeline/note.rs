@@ -8,9 +8,9 @@ use std::time::Instant;
 use http::{Method, Request, StatusCode, Uri};
 
 use super::Route;
-use crate::access_log::{AccessLog, Line};
-use crate::admission::Resource;
-use crate::metrics::Outcome;
+use crate::fence::admission::Resource;
+use crate::fence::metrics::Outcome;
+use crate::proxy::access_log::{AccessLog, Line};
 
 /// What became of a request: filled in where `handle` decides (the same places that count
 /// `palisade_requests_total`).

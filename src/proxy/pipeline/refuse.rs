@@ -15,12 +15,12 @@ use super::fields::Fields;
 use super::request::{token_alias, RequestView};
 use super::upstream::Upstream;
 use super::{Note, Proxy, Route, Routed};
-use crate::admission::{Refused, Resource};
-use crate::config::{MissingToken, PathMatch, Pick};
-use crate::drain::Ticket;
-use crate::metrics::Outcome;
-use crate::reject::{Context, Rejection, StoreStep};
-use crate::template::{Captures, RequestParts};
+use crate::fence::admission::{Refused, Resource};
+use crate::fence::drain::Ticket;
+use crate::fence::metrics::Outcome;
+use crate::fence::reject::{Context, Rejection, StoreStep};
+use crate::fence::template::{Captures, RequestParts};
+use crate::proxy::config::{MissingToken, PathMatch, Pick};
 use crate::token::FencingToken;
 
 impl Proxy {
@@ -135,7 +135,7 @@ impl Proxy {
             .metrics
             .duration
             .observe(started.elapsed().as_secs_f64());
-        crate::reject::fence_admitted(mark, grpc.as_ref())
+        crate::fence::reject::fence_admitted(mark, grpc.as_ref())
     }
 
     /// Refuses a request that matched `route`: logged, counted, answered from the table.
@@ -253,9 +253,9 @@ impl Proxy {
                         None => {
                             let name = self.fill(route, &feed.name, headers, target, t)?;
                             let key = match feed.kind {
-                                crate::session::EpochOf::Semaphore => {
+                                crate::client::session::EpochOf::Semaphore => {
                                     let Some(slot) = slot_of(route, target) else {
-                                        let why = crate::template::FillError::BadLock(
+                                        let why = crate::fence::template::FillError::BadLock(
                                             "the {slot} capture is not a slot number".to_owned(),
                                         );
                                         let bad = Rejection::BadResource(why);
@@ -268,7 +268,8 @@ impl Proxy {
                             match key {
                                 Ok(k) => Arc::from(k),
                                 Err(e) => {
-                                    let why = crate::template::FillError::BadLock(e.to_string());
+                                    let why =
+                                        crate::fence::template::FillError::BadLock(e.to_string());
                                     let bad = Rejection::BadResource(why);
                                     return Err((bad, Outcome::Malformed, Some(t.get())));
                                 }
@@ -383,7 +384,7 @@ impl Proxy {
     fn fill(
         &self,
         route: &Route,
-        template: &crate::template::ResourceTemplate,
+        template: &crate::fence::template::ResourceTemplate,
         headers: &impl Fields,
         target: &Target<'_>,
         t: FencingToken,
@@ -400,7 +401,7 @@ impl Proxy {
                     .any(|t| t.trim_ascii().eq_ignore_ascii_case(h.as_str().as_bytes()))
             });
             if listed {
-                let why = crate::template::FillError::HopByHop(h.to_string());
+                let why = crate::fence::template::FillError::HopByHop(h.to_string());
                 return Err((
                     Rejection::BadResource(why),
                     Outcome::Malformed,
@@ -443,7 +444,7 @@ impl Proxy {
     }
 
     pub(super) fn route(&self, method: &str, host: &str, key: &str) -> Routed<'_> {
-        match crate::config::pick(&self.routes, |r| &r.settings, method, host, key) {
+        match crate::proxy::config::pick(&self.routes, |r| &r.settings, method, host, key) {
             Pick::To(r) => Routed::To(r),
             Pick::MethodNotAllowed(r) => Routed::MethodNotAllowed(r),
             Pick::Nowhere => Routed::Nowhere,

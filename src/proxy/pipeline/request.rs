@@ -6,8 +6,8 @@ use http::{Request, Version};
 use http_body::Body;
 
 use super::fields::{same_name, Fields};
-use crate::host::{self, HostPort};
-use crate::reject::Rejection;
+use crate::fence::reject::Rejection;
+use crate::proxy::host::{self, HostPort};
 
 /// A request's head as the checks read it: hyper's parsed [`Request`] on hyper's path, the
 /// client's own bytes on the fast path. Every rule of [`super::Proxy::admit`] reads a request
@@ -62,15 +62,15 @@ impl<B: Body> RequestView for Request<B> {
     }
 }
 
-/// The request's content type if it is gRPC (see [`crate::reject::grpc_content_type`]).
+/// The request's content type if it is gRPC (see [`crate::fence::grpc::grpc_content_type`]).
 pub(super) fn grpc_content_type(fields: &impl Fields) -> Option<HeaderValue> {
     fields
         .first(&header::CONTENT_TYPE)
-        .filter(|v| crate::reject::is_grpc_content_type(v))
+        .filter(|v| crate::fence::grpc::is_grpc_content_type(v))
         .and_then(|v| HeaderValue::from_bytes(v).ok())
 }
 
-/// The host the request is for, validated (see [`crate::host`]).
+/// The host the request is for, validated (see [`crate::proxy::host`]).
 ///
 /// Every request must name exactly one host: HTTP/1.1 without Host is a 400 (RFC 9112 3.2),
 /// and so is an HTTP/1.0 or HTTP/2 request with neither Host nor authority, since a host-scoped

@@ -9,8 +9,8 @@ use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use crate::drain::Ticket;
-use crate::flight::{poll_fenced, BodyError, Flight};
+use crate::fence::drain::Ticket;
+use crate::fence::flight::{poll_fenced, BodyError, Flight};
 use crate::proxy::error_chain::error_chain;
 
 /// Whether a guarded request's body has been handed to the upstream connection whole: set
@@ -53,7 +53,7 @@ impl ClientFailed {
 /// On a guarded route it also carries the request's drain ticket: when a newer owner's drain
 /// aborts the request, the body fails at once, so the upstream never receives its end (HTTP/1.1:
 /// the connection is closed before the body is complete; HTTP/2: the stream is reset).
-pub struct RequestBody {
+pub(crate) struct RequestBody {
     /// `None`: no body (a request sent again, see [`RequestBody::none`]).
     inner: Option<Incoming>,
     strip: Option<HeaderName>,

@@ -10,7 +10,7 @@ use prometheus::IntGauge;
 
 use super::request_body::Delivered;
 use super::upstream::http1::Held;
-use crate::flight::{poll_fenced, BodyError, Flight};
+use crate::fence::flight::{poll_fenced, BodyError, Flight};
 
 /// Counts a request in `palisade_inflight_requests` until dropped.
 pub(super) struct InflightGuard(IntGauge);
@@ -33,7 +33,7 @@ impl Drop for InflightGuard {
 ///
 /// From an HTTP/1.1 upstream it also drives the upstream connection the body arrives on
 /// (`Held`), and gives that connection back for the next request once the body is over.
-pub struct Tracked {
+pub(crate) struct Tracked {
     pub(super) inner: Incoming,
     pub(super) _inflight: InflightGuard,
     pub(super) flight: Option<Flight>,

@@ -11,13 +11,13 @@ use hyper::body::Incoming;
 use super::fields::{is_text, same_name, Fields, FieldsMut, NewValue};
 use super::request_body::RequestBody;
 use super::upstream::Upstream;
-use crate::config::{Protocol, RouteSettings};
+use crate::proxy::config::{Protocol, RouteSettings};
 
 /// What `prepare` needs to know beyond the request itself.
 pub(super) struct Forward<'a> {
     pub(super) head: Head<'a>,
     /// The request body's half of a guarded request's drain ticket.
-    pub(super) ticket: Option<crate::drain::Ticket>,
+    pub(super) ticket: Option<crate::fence::drain::Ticket>,
     /// `max_body_bytes`, counted as the body streams (its length was not known up front).
     pub(super) limit: Option<super::request_body::BodyLimit>,
     /// A guarded request's "handed over whole" flag.
@@ -128,7 +128,7 @@ pub(super) fn client_authority(
     uri_authority: Option<&http::uri::Authority>,
 ) -> Option<http::uri::Authority> {
     // The host the upstream sees is the one routing judged: a trailing dot is removed for
-    // both (see `crate::host`), so `api.example.com.` cannot be routed as one host and served
+    // both (see `crate::proxy::host`), so `api.example.com.` cannot be routed as one host and served
     // as another.
     let needs_authority =
         protocol.is_http2() || normalized_host.is_some() || !fields.contains(&header::HOST);

@@ -23,11 +23,11 @@ use super::forward::{abortable, Forwarded};
 use super::request_body::RequestBody;
 use super::response_body::InflightGuard;
 use super::upstream::Upstream;
-use crate::config::RouteSettings;
-use crate::drain::{Generation, Ticket};
+use crate::fence::drain::{Generation, Ticket};
+use crate::fence::reject::Rejection;
+use crate::proxy::config::RouteSettings;
 use crate::proxy::error_chain::error_chain;
-use crate::reject::Rejection;
-use crate::server::ConnHold;
+use crate::proxy::server::ConnHold;
 
 /// Whether `req` asks for a WebSocket: HTTP/1.1 GET with `Connection: upgrade` and
 /// `Upgrade: websocket` (RFC 6455 4.1).

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use crate::config::Config;
+use crate::proxy::config::Config;
 
 /// A key whose new value waits for a restart; the running value stays in force.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,8 +84,9 @@ pub(super) fn keep(running: &Config, next: &mut Config) -> Vec<KeptKey> {
         r.max_header_bytes.to_string(),
         n.max_header_bytes.to_string(),
     );
-    let tls =
-        |t: &Option<crate::config::TlsSettings>| if t.is_some() { "on" } else { "off" }.to_owned();
+    let tls = |t: &Option<crate::proxy::config::TlsSettings>| {
+        if t.is_some() { "on" } else { "off" }.to_owned()
+    };
     check("proxy.tls", tls(&r.tls), tls(&n.tls));
     let admin = |c: &Config| {
         c.admin
@@ -152,8 +153,8 @@ fn show_workers(w: Option<usize>) -> String {
 
 fn store_kind(c: &Config) -> &'static str {
     match c.marks {
-        crate::config::MarksSettings::Memory => "memory",
-        crate::config::MarksSettings::File { .. } => "file",
-        crate::config::MarksSettings::Etcd(_) => "etcd",
+        crate::proxy::config::MarksSettings::Memory => "memory",
+        crate::proxy::config::MarksSettings::File { .. } => "file",
+        crate::proxy::config::MarksSettings::Etcd(_) => "etcd",
     }
 }

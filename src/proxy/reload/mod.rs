@@ -1,6 +1,6 @@
 //! Configuration reload without dropping connections (SIGHUP, admin `POST /reload`).
 //!
-//! The configuration in force is one [`Proxy`] behind an [`ArcSwap`]: each request loads it
+//! The configuration in force is one `Proxy` (the routes and upstreams, built from it) behind an [`ArcSwap`]: each request loads it
 //! once and keeps its `Arc` until its response is over, so a request always finishes on the
 //! configuration it started with, and the data path takes no lock to get it.
 //!
@@ -19,7 +19,7 @@
 //!    from the store ([`Admission::open_resources`]), before any route uses them; known
 //!    resources keep their marks (marks are state, not configuration);
 //! 5. builds the new `Proxy`, carrying over unchanged upstreams with their connections and
-//!    an unchanged access log ([`Proxy::build`]), and swaps it in.
+//!    an unchanged access log (`Proxy::build`), and swaps it in.
 //!
 //! Counted in `palisade_config_reloads_total{result="ok"|"error"}`. The file in force is
 //! `palisade_config_info{digest}` (the SHA-256 of its text, [`Config::digest`]): one series,
@@ -35,13 +35,13 @@ use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
 pub use fixed::KeptKey;
 
-use crate::access_log::{AccessLogError, AccessLogs};
-use crate::admission::Admission;
-use crate::config::{Config, ConfigError};
-use crate::marks::StoreError;
-use crate::metrics::Metrics;
-use crate::proxy::pipeline::CarriedOver;
-use crate::proxy::Proxy;
+use crate::fence::admission::Admission;
+use crate::fence::marks::StoreError;
+use crate::fence::metrics::Metrics;
+use crate::proxy::access_log::{AccessLogError, AccessLogs};
+use crate::proxy::config::{Config, ConfigError};
+pub use crate::proxy::pipeline::CarriedOver;
+use crate::proxy::pipeline::Proxy;
 
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]
@@ -72,7 +72,7 @@ pub enum ReloadError {
         mark: u64,
         /// Why it failed.
         #[source]
-        source: crate::admission::Refused,
+        source: crate::fence::admission::Refused,
     },
 }
 
@@ -108,9 +108,9 @@ struct Inner {
     metrics: Metrics,
     access_logs: AccessLogs,
     /// The listener's TLS configuration: a reload puts the re-read certificates in force.
-    tls: Option<crate::server::TlsConfig>,
+    tls: Option<crate::proxy::server::TlsConfig>,
     /// The admin listener's, likewise.
-    admin_tls: Option<crate::server::TlsConfig>,
+    admin_tls: Option<crate::proxy::server::TlsConfig>,
     ok: IntCounter,
     error: IntCounter,
     /// `palisade_config_info{digest}`.
@@ -139,8 +139,8 @@ impl Reloader {
         admission: Arc<Admission>,
         metrics: Metrics,
         access_logs: AccessLogs,
-        tls: Option<crate::server::TlsConfig>,
-        admin_tls: Option<crate::server::TlsConfig>,
+        tls: Option<crate::proxy::server::TlsConfig>,
+        admin_tls: Option<crate::proxy::server::TlsConfig>,
     ) -> prometheus::Result<Self> {
         let reloads = IntCounterVec::new(
             Opts::new(
@@ -327,7 +327,7 @@ impl Reloader {
     }
 
     /// The configuration in force.
-    pub fn proxy(&self) -> Arc<Proxy> {
+    pub(crate) fn proxy(&self) -> Arc<Proxy> {
         self.inner.current.load_full()
     }
 

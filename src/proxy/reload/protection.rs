@@ -25,7 +25,7 @@
 
 use std::collections::BTreeSet;
 
-use crate::config::{pick, Config, MissingToken, PathMatch, Pick, RouteSettings};
+use crate::proxy::config::{pick, Config, MissingToken, PathMatch, Pick, RouteSettings};
 
 /// A mark carried over to the resource that now takes a guarded route's requests.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -160,7 +160,8 @@ fn renames_entities(old: &RouteSettings, new: &RouteSettings) -> bool {
         return false;
     }
     let path = p_old.example_distinct("p");
-    let name = |p: &crate::template::PathPattern, t: &crate::template::ResourceTemplate| {
+    let name = |p: &crate::fence::template::PathPattern,
+                t: &crate::fence::template::ResourceTemplate| {
         p.captures(&path).and_then(|c| {
             t.fill(
                 &c,
@@ -186,7 +187,7 @@ struct Probe<'a> {
     path: &'a str,
 }
 
-impl crate::template::RequestParts for Probe<'_> {
+impl crate::fence::template::RequestParts for Probe<'_> {
     fn host(&self) -> Option<std::borrow::Cow<'_, str>> {
         (self.host != PROBE_HOST).then_some(std::borrow::Cow::Borrowed(self.host))
     }

@@ -12,7 +12,7 @@ use super::state::Active;
 pin_project_lite::pin_project! {
     /// A response body that keeps its request counted as in progress until it ends or is
     /// dropped.
-    pub struct ActiveBody<B> {
+    pub(crate) struct ActiveBody<B> {
         // `None`: an empty body of the server's own (see `head::refused`).
         #[pin]
         inner: Option<B>,

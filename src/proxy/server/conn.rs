@@ -34,7 +34,7 @@ use super::linger::Closing;
 use super::state::{Reason, State};
 use super::wake::Gate;
 use super::Limits;
-use crate::metrics::ConnMetrics;
+use crate::fence::metrics::ConnMetrics;
 
 const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// How long an idle HTTP/2 connection gets to finish after its GOAWAY.
@@ -114,7 +114,7 @@ impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
     }
 }
 
-crate::server::write_through!(Watched, shutdown = shut);
+crate::proxy::server::write_through!(Watched, shutdown = shut);
 
 impl<I: AsyncRead + AsyncWrite + Unpin> Watched<I> {
     /// Shuts the connection down when hyper is done with it: a lingering close

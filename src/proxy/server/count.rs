@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 /// whatever still uses the connection's socket after hyper let it go (a WebSocket tunnel):
 /// the connection counts until the last holder drops it.
 #[derive(Clone)]
-pub struct ConnHold(#[allow(dead_code)] pub(super) Arc<Counting>);
+pub(crate) struct ConnHold(#[allow(dead_code)] pub(super) Arc<Counting>);
 
 impl std::fmt::Debug for ConnHold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -25,41 +25,39 @@ use super::Peer;
 
 /// A plain-TCP client connection, handed to the first handler.
 #[derive(Debug)]
-pub struct FirstConn<C> {
+pub(crate) struct FirstConn {
     /// The client's socket.
-    pub stream: TcpStream,
+    pub(crate) stream: TcpStream,
     /// Who the client is.
-    pub peer: Peer,
-    /// The connection's own state (as hyper's requests on it would see it).
-    pub local: Arc<C>,
+    pub(crate) peer: Peer,
     /// What the watchdog must know of the connection, and its graceful shutdown.
-    pub activity: Activity,
+    pub(crate) activity: Activity,
     /// `max_header_bytes`: the largest request head to read (431 above it).
-    pub max_header_bytes: usize,
+    pub(crate) max_header_bytes: usize,
 }
 
 /// What a first handler gives back for hyper to serve: the socket and the bytes it read
 /// from it but did not consume, which hyper reads first.
 #[derive(Debug)]
-pub struct Handoff {
+pub(crate) struct Handoff {
     /// The client's socket.
-    pub stream: TcpStream,
+    pub(crate) stream: TcpStream,
     /// Bytes read from `stream` that belong to the requests hyper will serve.
-    pub read: Vec<u8>,
+    pub(crate) read: Vec<u8>,
 }
 
 /// The future a first handler returns: `None` when it served the connection to its end,
 /// `Some` to hand it to hyper.
-pub type FirstFuture = Pin<Box<dyn Future<Output = Option<Handoff>> + Send>>;
+pub(crate) type FirstFuture = Pin<Box<dyn Future<Output = Option<Handoff>> + Send>>;
 
 /// A handler tried first on each plain-TCP connection of a listener (not on TLS ones).
-pub type FirstHandler<C> = Arc<dyn Fn(FirstConn<C>) -> FirstFuture + Send + Sync>;
+pub(crate) type FirstHandler = Arc<dyn Fn(FirstConn) -> FirstFuture + Send + Sync>;
 
 /// The watchdog's view of a connection served by a first handler, shared with its sentry (a
 /// task of its own that closes the connection on a timeout or a stop): the handler reports
 /// each request's start and end, and learns there whether it must finish.
 #[derive(Debug, Clone)]
-pub struct Activity {
+pub(crate) struct Activity {
     pub(super) state: Arc<State>,
     /// Set by the server when it stops, before any sentry hears of it: a request answered
     /// after that carries `Connection: close` even if its connection's sentry has not run yet.
@@ -71,7 +69,7 @@ impl Activity {
     /// `header_read_timeout`). `false`: the connection is being closed (an idle or header
     /// timeout, the server stopping) and must end without serving the request.
     #[must_use]
-    pub fn begin(&self) -> bool {
+    pub(crate) fn begin(&self) -> bool {
         self.state.begin()
     }
 
@@ -79,7 +77,7 @@ impl Activity {
     /// server is stopping). Between two requests the handler needs no other check: a
     /// connection waiting for a request is closed by its sentry.
     #[must_use]
-    pub fn end(&self) -> bool {
+    pub(crate) fn end(&self) -> bool {
         self.state.end() || self.server_stopping.load(Ordering::SeqCst)
     }
 
@@ -87,20 +85,20 @@ impl Activity {
     /// when the connection is being closed. A stop then lets the head complete (within the
     /// server's grace) and its request be served, as hyper does.
     #[must_use]
-    pub fn partial(&self) -> bool {
+    pub(crate) fn partial(&self) -> bool {
         self.state.partial()
     }
 
     /// Whether the connection was asked to finish after the current request, or the server
     /// began to stop (its sentry may not have run yet).
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.server_stopping.load(Ordering::SeqCst) || self.state.stop_asked()
     }
 
     /// The handler is about to hand the connection to hyper: `false` when the connection is
     /// being closed instead.
     #[must_use]
-    pub fn hand_over(&self) -> bool {
+    pub(crate) fn hand_over(&self) -> bool {
         self.state.hand_over()
     }
 }
@@ -171,4 +169,4 @@ impl<I: AsyncRead + Unpin> AsyncRead for Prefixed<I> {
     }
 }
 
-crate::server::write_through!(Prefixed);
+crate::proxy::server::write_through!(Prefixed);

@@ -16,7 +16,7 @@
 macro_rules! write_through {
     ($t:ident) => {
         impl<I: AsyncWrite + Unpin> AsyncWrite for $t<I> {
-            $crate::server::write_through!(@methods);
+            $crate::proxy::server::write_through!(@methods);
 
             fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
@@ -25,7 +25,7 @@ macro_rules! write_through {
     };
     ($t:ident, shutdown = $f:ident) => {
         impl<I: AsyncRead + AsyncWrite + Unpin> AsyncWrite for $t<I> {
-            $crate::server::write_through!(@methods);
+            $crate::proxy::server::write_through!(@methods);
 
             fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
                 self.get_mut().$f(cx)
@@ -88,12 +88,12 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, watch};
 
-use crate::metrics::ConnMetrics;
+use crate::fence::metrics::ConnMetrics;
 
-pub use body::ActiveBody;
-pub use count::ConnHold;
+pub(crate) use body::ActiveBody;
+pub(crate) use count::ConnHold;
 use count::Counting;
-pub use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
+pub(crate) use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
 
 /// What one listener allows a client connection (`[proxy]` keys of
 /// `docs/design.md#configuration-names`).
@@ -141,7 +141,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             http2_keepalive_interval: Some(Duration::from_secs(20)),
             grace: Duration::from_secs(10),
-            max_header_bytes: crate::config::DEFAULT_MAX_HEADER_BYTES,
+            max_header_bytes: crate::proxy::config::DEFAULT_MAX_HEADER_BYTES,
             tls: None,
         }
     }
@@ -198,13 +198,13 @@ pub async fn serve_with<H, F, B, C>(
 /// does (TLS ones go to hyper at once): it may serve the connection to its end or hand it
 /// over to hyper (see [`Handoff`]). The watchdog, `max_connections` and shutdown apply to
 /// both alike.
-pub async fn serve_first<H, F, B, C>(
+pub(crate) async fn serve_first<H, F, B, C>(
     listener: TcpListener,
     handle: H,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
     metrics: Option<ConnMetrics>,
-    first: Option<FirstHandler<C>>,
+    first: Option<FirstHandler>,
 ) where
     H: Fn(Request<Incoming>, Peer, &Arc<C>) -> F + Clone + Send + Sync + 'static,
     C: Default + Send + Sync + 'static,
@@ -215,10 +215,11 @@ pub async fn serve_first<H, F, B, C>(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The watchdog in `conn` bounds slow heads (first and later ones). hyper's own head timer
     // would add a timer and an allocation to every request for nothing, so it is off.
-    builder
-        .http1()
-        .header_read_timeout(None)
-        .max_buf_size(limits.max_header_bytes.max(crate::config::MIN_HEADER_BYTES));
+    builder.http1().header_read_timeout(None).max_buf_size(
+        limits
+            .max_header_bytes
+            .max(crate::proxy::config::MIN_HEADER_BYTES),
+    );
     let mut h2 = builder.http2();
     h2.timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
@@ -283,8 +284,7 @@ pub async fn serve_first<H, F, B, C>(
         let state = state::State::new();
         let handle = handle.clone();
         let svc_state = Arc::clone(&state);
-        let local = Arc::new(C::default());
-        let svc_local = Arc::clone(&local);
+        let svc_local = Arc::new(C::default());
         let client = Peer {
             addr: peer,
             tls: limits.tls.is_some(),
@@ -295,7 +295,9 @@ pub async fn serve_first<H, F, B, C>(
             &alive,
         ));
         let svc_counted = Arc::clone(&counted);
-        let max_head = limits.max_header_bytes.max(crate::config::MIN_HEADER_BYTES);
+        let max_head = limits
+            .max_header_bytes
+            .max(crate::proxy::config::MIN_HEADER_BYTES);
         let svc = service_fn(move |mut req: Request<Incoming>| {
             let active = svc_state.request_started();
             // A request that may take the connection over (a WebSocket) carries the
@@ -335,7 +337,6 @@ pub async fn serve_first<H, F, B, C>(
                 let served = first(FirstConn {
                     stream,
                     peer: client,
-                    local,
                     activity: Activity {
                         state: Arc::clone(&state),
                         server_stopping: Arc::clone(&server_stopping),

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::super::{
+use crate::client::backend::{
     BackendError, Compare, Event, EventKind, KeyRange, Kv, LeaseId, Op, OpResponse, Revision,
     SortByCreate, Txn, TxnResponse,
 };

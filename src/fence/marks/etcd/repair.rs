@@ -4,7 +4,7 @@
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::{decode, EtcdStore};
-use crate::marks::StoreError;
+use crate::fence::marks::StoreError;
 
 /// A mark as found before a repair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

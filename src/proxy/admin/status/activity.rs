@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use super::super::html::{ago, esc, seconds, time};
 use super::super::Admin;
 use super::Seen;
-use crate::recent::{Refusal, RECENT_REFUSALS};
+use crate::fence::recent::{Refusal, RECENT_REFUSALS};
 
 impl Admin {
     /// Store operations: how many, how long (from the histogram's buckets), how many failed.

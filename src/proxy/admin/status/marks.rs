@@ -7,8 +7,8 @@ use std::fmt::Write;
 use super::super::html::{esc, query_value};
 use super::super::Admin;
 use super::{Query, LAST_PAGE, PAGE};
-use crate::config::{Config, PathMatch, RouteSettings};
-use crate::template::ResourceTemplate;
+use crate::fence::template::ResourceTemplate;
+use crate::proxy::config::{Config, PathMatch, RouteSettings};
 
 impl Admin {
     /// Fixed resources of the routes in force, with their marks and drains.

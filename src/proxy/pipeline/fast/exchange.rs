@@ -9,7 +9,7 @@ use super::head::{Head, View};
 use super::response::ResponseHead;
 use super::shared::{rewrite, Admitted, Logged, Note, Proxy, UpSock};
 use super::{upstream_head, write, After, Conn};
-use crate::reject::Rejection;
+use crate::fence::reject::Rejection;
 
 /// Request body bytes are moved in pieces of at most this size.
 pub(super) const BODY_CHUNK: usize = 16 * 1024;

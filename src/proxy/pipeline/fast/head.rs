@@ -26,7 +26,7 @@ use http::Version;
 use super::fields::{FieldList, FieldStore};
 use super::shared::RequestView;
 use super::target::{self, MAX_URI_LEN};
-use crate::server::framing;
+use crate::proxy::server::framing;
 
 /// hyper's own limit on request headers (its `DEFAULT_MAX_HEADERS`).
 pub(super) const MAX_HEADERS: usize = 100;

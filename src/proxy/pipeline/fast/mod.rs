@@ -41,10 +41,10 @@ use tokio::net::TcpStream;
 
 use self::fields::FieldStore;
 use self::head::{Parsed, View};
-use self::shared::{Affinity, Proxy, Routed, UpSock};
-use crate::config::Protocol;
-use crate::drain::AbortWatch;
-use crate::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
+use self::shared::{Proxy, Routed, UpSock};
+use crate::fence::drain::AbortWatch;
+use crate::proxy::config::Protocol;
+use crate::proxy::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
 
 /// Each read asks for at least this much room; the buffer grows (up to `max_header_bytes` for
 /// a head) only for heads that need it. Small, because an idle connection keeps its buffer:
@@ -53,7 +53,7 @@ const READ_SIZE: usize = 4 * 1024;
 
 /// Serves `conn` on the fast path, with the configuration current at each request; hands it
 /// to hyper when a request is not for the fast path.
-pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> FirstFuture {
+pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn) -> FirstFuture {
     // `run`'s own future, boxed as is: no async block around it, whose state each poll would
     // also go through.
     Box::pin(
@@ -61,7 +61,9 @@ pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn<Affinity>) -> 
             client: conn.stream,
             peer: conn.peer,
             activity: conn.activity,
-            max_head: conn.max_header_bytes.max(crate::config::MIN_HEADER_BYTES),
+            max_head: conn
+                .max_header_bytes
+                .max(crate::proxy::config::MIN_HEADER_BYTES),
             buf: Vec::new(),
             start: 0,
             up: Kept(None),
@@ -135,7 +137,7 @@ impl Conn {
                     Parsed::HandOver => return self.handoff(),
                     Parsed::Refuse(status) => {
                         self.refuse_head(status).await;
-                        crate::server::linger::close(&mut self.client).await;
+                        crate::proxy::server::linger::close(&mut self.client).await;
                         return None;
                     }
                     // The reads are awaited here, not in a function of their own: one level
@@ -171,7 +173,7 @@ impl Conn {
             let stop = self.activity.end();
             if after == After::Close && !stop {
                 // A client may still be sending (a refused request's body): see `linger`.
-                crate::server::linger::close(&mut self.client).await;
+                crate::proxy::server::linger::close(&mut self.client).await;
             }
             if after != After::KeepAlive || stop {
                 return None;
@@ -231,13 +233,17 @@ impl Proxy {
     /// request that will be refused is served too: the refusal is the same code.
     fn fast_takes(&self, req: &View<'_>) -> bool {
         use self::shared::RequestView;
-        let Ok(normal) = crate::path::normalize(req.path()) else {
+        let Ok(normal) = crate::fence::path::normalize(req.path()) else {
             return true;
         };
         let Ok(host) = super::request::request_host(req) else {
             return true;
         };
-        match self.route(req.method(), host.host, &crate::path::match_key(&normal)) {
+        match self.route(
+            req.method(),
+            host.host,
+            &crate::fence::path::match_key(&normal),
+        ) {
             Routed::To(r) => Self::fast_route(r, &self.upstreams),
             Routed::MethodNotAllowed(_) | Routed::Nowhere => true,
         }

@@ -11,7 +11,7 @@ use super::exchange::{Answer, Failed, BODY_CHUNK};
 use super::response::{self, Read, ResponseHead};
 use super::shared::{error_chain, socket, upstream, Logged, Upstream, ABORT_HOLD};
 use super::Conn;
-use crate::reject::Rejection;
+use crate::fence::reject::Rejection;
 
 impl Conn {
     /// Sends the head in `out` and `body` bytes of body, and reads the response head. At most

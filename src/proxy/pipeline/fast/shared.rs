@@ -12,5 +12,5 @@ pub(super) use super::super::request::{has_body, is_bodiless_method, request_hos
 pub(super) use super::super::rewrite;
 pub(super) use super::super::upstream::raw::{self as upstream, UpSock};
 pub(super) use super::super::upstream::{socket, Upstream};
-pub(super) use super::super::{Admitted, Affinity, Proxy, Routed};
+pub(super) use super::super::{Admitted, Proxy, Routed};
 pub(super) use crate::proxy::error_chain::error_chain;

@@ -52,10 +52,10 @@ mod tests {
     use super::super::shared::rewrite::rewrite_head;
     use super::super::shared::{has_body, is_bodiless_method, request_host, Proxy};
     use super::*;
-    use crate::admission::Admission;
-    use crate::config::Config;
-    use crate::marks::MemoryStore;
-    use crate::metrics::Metrics;
+    use crate::fence::admission::Admission;
+    use crate::fence::marks::MemoryStore;
+    use crate::fence::metrics::Metrics;
+    use crate::proxy::config::Config;
 
     const CONFIG: &str = r#"
 [proxy]
@@ -142,7 +142,7 @@ guard = false
     async fn the_upstream_gets_the_head_hyper_path_would_send() {
         let config = Config::parse(CONFIG, Path::new("p.toml")).unwrap();
         let metrics = Metrics::new(prometheus::Registry::new()).unwrap();
-        let store: Arc<dyn crate::marks::MarkStore> = Arc::new(MemoryStore::default());
+        let store: Arc<dyn crate::fence::marks::MarkStore> = Arc::new(MemoryStore::default());
         let admission = Admission::open(store, Vec::<String>::new(), &metrics)
             .await
             .unwrap();
@@ -156,7 +156,7 @@ guard = false
                     panic!("{:?}", String::from_utf8_lossy(raw));
                 };
                 let mut view = View::new(&head, raw, &mut store);
-                let normal = crate::path::normalize(view.path).unwrap();
+                let normal = crate::fence::path::normalize(view.path).unwrap();
                 let route = match normal.starts_with("/strip") {
                     true => &proxy.routes[0],
                     false => &proxy.routes[1],

@@ -36,7 +36,7 @@ fn status_line(out: &mut Vec<u8>, status: StatusCode) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// One of palisade's refusals (from [`crate::reject::Rejection::respond`]), whole; the body is
+/// One of palisade's refusals (from [`crate::fence::reject::Rejection::respond`]), whole; the body is
 /// left out for a HEAD request, as hyper leaves it out. `closing`: the connection closes after
 /// it, which hyper's server announces with `connection: close`.
 pub(super) fn refusal(

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::socket::UpTcp;
 use super::tls::{HyperIo, UpIo, UpstreamTls};
-use crate::config::{HealthCheck, UpstreamSettings};
+use crate::proxy::config::{HealthCheck, UpstreamSettings};
 
 /// Why no connection could be opened.
 #[derive(Debug, thiserror::Error)]

@@ -83,7 +83,7 @@ where
 
 /// A client connection's own upstream connection, between two of its requests.
 #[derive(Default)]
-pub struct Affinity {
+pub(crate) struct Affinity {
     slot: Mutex<Option<Parked>>,
 }
 

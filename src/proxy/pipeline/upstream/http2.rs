@@ -7,7 +7,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use super::dial::{Dial, Dialer};
-use crate::config::UpstreamSettings;
+use crate::proxy::config::UpstreamSettings;
 use crate::proxy::pipeline::request_body::RequestBody;
 
 /// The upstream's HTTP/2 client.

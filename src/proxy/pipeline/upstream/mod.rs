@@ -25,7 +25,7 @@ use self::dial::{spawn_health_checks, Dial, Dialer};
 use self::http1::UpConn;
 use self::pool::IdlePool;
 use super::request_body::RequestBody;
-use crate::config::{Protocol, UpstreamSettings};
+use crate::proxy::config::{Protocol, UpstreamSettings};
 
 /// One configured upstream and how palisade reaches it.
 pub(crate) struct Upstream {

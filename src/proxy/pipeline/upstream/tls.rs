@@ -15,7 +15,7 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
 use super::socket::{Check, UpTcp};
-use crate::config::{Protocol, UpstreamSettings};
+use crate::proxy::config::{Protocol, UpstreamSettings};
 
 /// The TLS side of an `https` upstream.
 #[derive(Clone)]

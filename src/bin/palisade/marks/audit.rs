@@ -11,8 +11,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::marks::file::sync_dir;
-
 /// `<marks file>.audit.log`.
 pub(crate) fn log_path(marks: &Path) -> PathBuf {
     let mut p = marks.as_os_str().to_owned();
@@ -62,7 +60,8 @@ pub(crate) fn append(path: &Path, line: &serde_json::Value) -> io::Result<()> {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
-        sync_dir(dir)?;
+        // fsync the directory: the new file's name is durable too.
+        std::fs::File::open(dir).and_then(|d| d.sync_all())?;
     }
     Ok(())
 }

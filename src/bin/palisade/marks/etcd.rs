@@ -6,8 +6,8 @@ use std::time::SystemTime;
 
 use super::audit::{self, Who};
 use super::{guarded, CliError, MarksCommand};
-use crate::config::{Config, MarksSettings};
-use crate::marks::etcd::{EtcdStore, Found};
+use palisade::fence::marks::etcd::{EtcdStore, Found};
+use palisade::proxy::config::{Config, MarksSettings};
 
 /// Runs `command` if its configuration names an etcd store; `None` leaves it to the file
 /// store's code (which also reports configuration errors).

@@ -1,18 +1,23 @@
-//! `palisade`: the fencing reverse proxy.
+//! `palisade`: the fencing reverse proxy and the operator's commands. Only the command line
+//! lives here (it is no part of the library's API); everything it runs is the library's.
 //!
 //! `palisade run --config FILE` serves until SIGTERM/SIGINT, reloads its configuration on
 //! SIGHUP and reopens its access log file on SIGUSR1; `palisade check --config FILE`
 //! validates a configuration, lists every error it finds and exits 2 if there was one;
-//! `palisade marks list|set` shows and repairs stored marks (see `palisade::proxy::marks_cli`);
+//! `palisade marks list|set` shows and repairs stored marks (see `marks.rs`);
 //! with the `etcd` feature (in the default build), `palisade lock|elect NAME -- CMD...` runs a
 //! command while holding a lock or leading an election, with its fencing token (see
-//! `palisade::proxy::hold_cli`). `palisade --version` lists the features built in.
+//! `hold.rs`). `palisade --version` lists the features built in.
+
+#[cfg(feature = "etcd")]
+mod hold;
+mod marks;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use palisade::config::Config;
+use palisade::proxy::config::Config;
 
 // The proxy allocates small, short-lived buffers and header maps per request; mimalloc's
 // thread-local free lists serve those markedly faster than glibc malloc.
@@ -90,7 +95,7 @@ enum Command {
     },
     /// Show stored marks, or set one (audited recovery from a forged or runaway token).
     #[command(subcommand)]
-    Marks(palisade::proxy::marks_cli::MarksCommand),
+    Marks(marks::MarksCommand),
     /// Ask a running palisade's admin endpoint whether it is alive (exit 0) or not (exit 1):
     /// a container health check that needs no curl in the image.
     Health {
@@ -105,7 +110,7 @@ enum Command {
     /// stopped (SIGTERM, then SIGKILL after --grace) if the lease is lost. Exits with CMD's
     /// status.
     #[cfg(feature = "etcd")]
-    Lock(palisade::proxy::hold_cli::HoldArgs),
+    Lock(hold::HoldArgs),
     /// Lead an election on etcd while CMD runs; CMD gets the leader's token in
     /// PALISADE_FENCING_TOKEN and is stopped (SIGTERM, then SIGKILL after --grace) if the
     /// leadership is lost. Exits with CMD's status.
@@ -125,11 +130,11 @@ enum Command {
         #[arg(long)]
         value: Option<String>,
         #[command(flatten)]
-        args: palisade::proxy::hold_cli::HoldArgs,
+        args: hold::HoldArgs,
     },
     /// Internal: the watchdog of `palisade lock|elect` (kills the job if palisade dies).
     #[cfg(feature = "etcd")]
-    #[command(name = palisade::proxy::hold_cli::watchdog::SUBCOMMAND, hide = true)]
+    #[command(name = hold::watchdog::SUBCOMMAND, hide = true)]
     Watchdog,
     /// Needs the `etcd` feature, which this binary was built without.
     #[cfg(not(feature = "etcd"))]
@@ -161,18 +166,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
     match cli.command {
-        Command::Marks(command) => palisade::proxy::marks_cli::run(command),
+        Command::Marks(command) => marks::run(command),
         Command::Health { admin, path } => health(admin, &path),
         #[cfg(feature = "etcd")]
-        Command::Lock(args) => {
-            palisade::proxy::hold_cli::run(palisade::proxy::hold_cli::Hold::Lock(args))
-        }
+        Command::Lock(args) => hold::run(hold::Hold::Lock(args)),
         #[cfg(feature = "etcd")]
-        Command::Elect { value, args } => {
-            palisade::proxy::hold_cli::run(palisade::proxy::hold_cli::Hold::Elect { args, value })
-        }
+        Command::Elect { value, args } => hold::run(hold::Hold::Elect { args, value }),
         #[cfg(feature = "etcd")]
-        Command::Watchdog => palisade::proxy::hold_cli::watchdog::run(),
+        Command::Watchdog => hold::watchdog::run(),
         #[cfg(not(feature = "etcd"))]
         Command::Lock { .. } => missing_feature("lock", "etcd"),
         #[cfg(not(feature = "etcd"))]
@@ -281,19 +282,23 @@ fn main() -> ExitCode {
 fn reload_plan(
     previous: &std::path::Path,
     next: &Config,
-) -> Result<palisade::reload::protection::Plan, Box<dyn std::error::Error>> {
+) -> Result<palisade::proxy::reload::protection::Plan, Box<dyn std::error::Error>> {
     let running = Config::load(previous)?;
     let stored = match &running.marks {
-        palisade::config::MarksSettings::File { path } => {
-            Some(palisade::marks::file::read(path)?.unwrap_or_default())
+        palisade::proxy::config::MarksSettings::File { path } => {
+            Some(palisade::fence::marks::file::read(path)?.unwrap_or_default())
         }
         _ => None,
     };
-    Ok(palisade::reload::protection::plan(&running, next, |r| {
-        stored
-            .as_ref()
-            .map_or(1, |m| m.get(r).copied().unwrap_or(0))
-    }))
+    Ok(palisade::proxy::reload::protection::plan(
+        &running,
+        next,
+        |r| {
+            stored
+                .as_ref()
+                .map_or(1, |m| m.get(r).copied().unwrap_or(0))
+        },
+    ))
 }
 
 /// One `GET` to the admin listener with a 2 s budget; success is a `200` status line.
@@ -415,7 +420,7 @@ impl Early {
 /// SIGHUP reloads the configuration (the outcome is logged by the reloader), SIGUSR1
 /// reopens the access log file (after logrotate renamed it).
 fn reload_on_signals(
-    reloader: palisade::reload::Reloader,
+    reloader: palisade::proxy::reload::Reloader,
     Early { mut hup, mut usr1 }: Early,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {

@@ -9,7 +9,7 @@
 //!   stale owners (zombies) included;
 //! - while no proxy holds the store, because a running proxy keeps its marks in memory and
 //!   would neither see the change nor keep it (for the `file` store: the lock on
-//!   `<path>.lock`, see [`crate::marks::FileStore`]);
+//!   `<path>.lock`, see [`palisade::fence::marks::FileStore`]);
 //! - after appending who, where, when, the old and the new value to `<path>.audit.log`
 //!   (fsynced, before the change) and logging the same at `warn`.
 //!
@@ -35,11 +35,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use crate::config::{Config, ConfigError, MarksSettings};
+use palisade::proxy::config::{Config, ConfigError, MarksSettings};
 
 use self::audit::Who;
-use crate::marks::file::{self, FileStore};
-use crate::marks::{Marks, StoreError};
+use palisade::fence::marks::file::{self, FileStore};
+use palisade::fence::marks::{Marks, StoreError};
 
 /// Exit code for an invalid configuration, as `palisade check` uses.
 const EXIT_CONFIG: u8 = 2;
@@ -48,7 +48,7 @@ const EXIT_FAILURE: u8 = 1;
 
 /// `palisade marks ...`.
 #[derive(Debug, Clone, clap::Subcommand)]
-pub enum MarksCommand {
+pub(crate) enum MarksCommand {
     /// Print stored marks (resource and value), noting resources no route guards.
     List {
         /// The TOML configuration file (its `[marks]` names the store).
@@ -82,7 +82,7 @@ pub enum MarksCommand {
 /// Why a `marks` command failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum CliError {
+pub(crate) enum CliError {
     /// The configuration is invalid (exit code 2, as `palisade check`).
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -141,7 +141,7 @@ pub enum CliError {
 
 impl CliError {
     /// The process exit code: 2 for a configuration error, 1 otherwise.
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             CliError::Config(_) => EXIT_CONFIG,
             _ => EXIT_FAILURE,
@@ -150,7 +150,7 @@ impl CliError {
 }
 
 /// Runs `command`, printing results on stdout and a one-line `error: ...` on stderr.
-pub fn run(command: MarksCommand) -> ExitCode {
+pub(crate) fn run(command: MarksCommand) -> ExitCode {
     match execute(command, &mut io::stdout().lock()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -165,7 +165,7 @@ pub fn run(command: MarksCommand) -> ExitCode {
 /// # Errors
 /// [`CliError`]: the configuration is invalid, the store is `memory`, `set` lacks `--force`,
 /// a proxy holds the store, or the store or the audit log cannot be read or written.
-pub fn execute(command: MarksCommand, out: &mut impl Write) -> Result<(), CliError> {
+pub(crate) fn execute(command: MarksCommand, out: &mut impl Write) -> Result<(), CliError> {
     #[cfg(feature = "etcd")]
     if let Some(done) = etcd::execute(&command, out) {
         return done;

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use rustix::process::{getpgrp, kill_process_group, Signal};
 
 /// The hidden subcommand palisade runs itself as.
-pub const SUBCOMMAND: &str = "__watchdog";
+pub(crate) const SUBCOMMAND: &str = "__watchdog";
 
 /// What palisade writes to the pipe when it ends the group itself (the watchdog then exits
 /// quietly).
@@ -30,7 +30,7 @@ pub(super) const DONE: u8 = b'd';
 pub(super) const READY: u8 = b'r';
 
 /// `palisade __watchdog`: waits for palisade to go, then kills its own process group.
-pub fn run() -> ExitCode {
+pub(crate) fn run() -> ExitCode {
     // The signals palisade forwards to the job's group reach the watchdog too; it must
     // survive them (a SIGTERM to the job is not the end of its supervisor). Registering a
     // handler replaces their default action (death); nothing needs to read them.

@@ -11,7 +11,7 @@
 //!   compare `c("KEY") = "REV"` in an `etcdctl txn` commits only while the lock is held, see
 //!   [`crate::fenced_txn`]).
 //! - With `--fence URL` (repeatable), a fence request with the new token goes to each URL
-//!   first (see [`crate::transport::fence`]): CMD starts only once every one was admitted, so
+//!   first (see [`palisade::client::transport::fence`]): CMD starts only once every one was admitted, so
 //!   the previous owner is refused before CMD does anything.
 //! - CMD runs in its own process group. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 sent to
 //!   palisade are forwarded to that group (so `sh -c 'a | b'` gets them whole, as from a
@@ -32,7 +32,7 @@
 //!   palisade dies, `kill -9` and the OOM killer included.
 //! - With `--metrics-addr ADDR`, the owner metrics of the client library (feature `metrics`:
 //!   held, leader, acquisitions, losses by reason, renew failures, lease left) are served as
-//!   Prometheus text on `GET /metrics` (`src/proxy/hold_cli/metrics.rs`). Without
+//!   Prometheus text on `GET /metrics` (`src/bin/palisade/hold/metrics.rs`). Without
 //!   `--recampaign` palisade exits soon after a loss, so a scrape sees the loss only if it
 //!   comes during the grace.
 //! - With `--recampaign`, a loss is not the end: once CMD is stopped, palisade starts a new
@@ -45,7 +45,7 @@
 
 mod metrics;
 mod signals;
-pub mod watchdog;
+pub(crate) mod watchdog;
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -54,29 +54,27 @@ use std::time::Duration;
 use signals::{Signal, Signals};
 use tokio::process::{Child, Command};
 
-use crate::election::ElectionService;
-use crate::lock::LockService;
-use crate::provider::etcd::EtcdProvider;
-use crate::provider::Provider;
-use crate::session::{LossSignal, Session, SessionOptions, DEFAULT_NAMESPACE};
-use crate::token::FencingToken;
+use palisade::client::election::ElectionService;
+use palisade::client::lock::LockService;
+use palisade::client::provider::etcd::EtcdProvider;
+use palisade::client::provider::Provider;
+use palisade::client::session::{LossSignal, Session, SessionOptions, DEFAULT_NAMESPACE};
+use palisade::token::FencingToken;
 
 /// Exit code when palisade itself fails (as `env`, `timeout` and `docker run` use it).
-pub const EXIT_FAILED: u8 = 125;
+pub(crate) const EXIT_FAILED: u8 = 125;
 /// Exit code when CMD cannot be executed.
-pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+pub(crate) const EXIT_NOT_EXECUTABLE: u8 = 126;
 /// Exit code when CMD is not found.
-pub const EXIT_NOT_FOUND: u8 = 127;
-/// Default time between SIGTERM and SIGKILL after a loss.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+pub(crate) const EXIT_NOT_FOUND: u8 = 127;
 /// Bound on connecting to etcd.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Options shared by `palisade lock` and `palisade elect`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct HoldArgs {
+pub(crate) struct HoldArgs {
     /// The name: every job sharing it (the same namespace too) takes turns.
-    pub name: String,
+    pub(crate) name: String,
     /// etcd endpoints, comma-separated.
     #[arg(
         long,
@@ -84,38 +82,38 @@ pub struct HoldArgs {
         value_delimiter = ',',
         default_value = "http://127.0.0.1:2379"
     )]
-    pub endpoints: Vec<String>,
+    pub(crate) endpoints: Vec<String>,
     /// Lease TTL in seconds: how long etcd keeps the lock after palisade stops renewing it.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
-    pub ttl: u64,
+    pub(crate) ttl: u64,
     /// Key namespace of the lock (the same for every job sharing it).
     #[arg(long, default_value = DEFAULT_NAMESPACE)]
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Time between SIGTERM and SIGKILL after the lease is lost: `10`, `2.5`, `10s`, `500ms`.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub grace: Duration,
+    pub(crate) grace: Duration,
     /// After the lease is lost (etcd unreachable past the TTL, the key deleted), stop CMD,
     /// then wait for etcd, acquire again and rerun CMD with the new token, until SIGINT or
     /// SIGTERM. Without it palisade exits after a loss. A CMD that exits on its own ends
     /// palisade either way.
     #[arg(long, alias = "reacquire")]
-    pub recampaign: bool,
+    pub(crate) recampaign: bool,
     /// Before CMD starts, send a fence request (`x-fencing-fence: 1`, POST, the new token) to
     /// this URL of a guarded route (`http://` only), so that the previous owner is refused
     /// from then on, even before CMD writes anything. Repeatable. CMD starts only when every
     /// fence was admitted (204): a stale fence means a newer owner exists, and palisade lets
     /// go; any other answer, or none within 5 s, stops palisade before CMD runs.
     #[arg(long = "fence", value_name = "URL", value_parser = parse_fence_url)]
-    pub fence: Vec<http::Uri>,
+    pub(crate) fence: Vec<http::Uri>,
     /// Serve this process's owner metrics as Prometheus text on `GET /metrics` at this
     /// address (e.g. `127.0.0.1:9902`), from start to exit: palisade_owner_held, _leader,
     /// _acquisitions_total, _losses_total{reason}, _acquire_seconds and
     /// palisade_session_renew_failures_total, _lease_remaining_seconds.
     #[arg(long, value_name = "ADDR")]
-    pub metrics_addr: Option<std::net::SocketAddr>,
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, num_args = 1..)]
-    pub command: Vec<OsString>,
+    pub(crate) command: Vec<OsString>,
 }
 
 /// Longest wait between two attempts with `--recampaign`.
@@ -123,7 +121,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// `palisade lock` or `palisade elect`.
 #[derive(Debug, Clone)]
-pub enum Hold {
+pub(crate) enum Hold {
     /// Hold the lock `name` while CMD runs.
     Lock(HoldArgs),
     /// Lead the election `name` with `value` while CMD runs.
@@ -152,7 +150,7 @@ const FENCE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Sends the fence requests of `--fence`, in order: `Ok` once every one was admitted; the
 /// round to end with otherwise (said on stderr).
 async fn fence_all(args: &HoldArgs, token: FencingToken) -> Result<(), Round> {
-    use crate::transport::FenceError;
+    use palisade::client::transport::FenceError;
     if args.fence.is_empty() {
         return Ok(());
     }
@@ -160,9 +158,13 @@ async fn fence_all(args: &HoldArgs, token: FencingToken) -> Result<(), Round> {
         hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
             .build_http::<http_body_util::Empty<bytes::Bytes>>();
     for url in &args.fence {
-        let req = crate::transport::fence_request(http::Method::POST, url.clone(), token);
-        let answer =
-            tokio::time::timeout(FENCE_TIMEOUT, crate::transport::fence(&mut client, req)).await;
+        let req =
+            palisade::client::transport::fence_request(http::Method::POST, url.clone(), token);
+        let answer = tokio::time::timeout(
+            FENCE_TIMEOUT,
+            palisade::client::transport::fence(&mut client, req),
+        )
+        .await;
         match answer {
             Ok(Ok(mark)) => {
                 tracing::info!(name = %args.name, %token, %url, mark, "fenced the previous owner");
@@ -211,7 +213,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// Runs `palisade lock|elect` to completion on its own runtime and returns the exit code.
-pub fn run(hold: Hold) -> ExitCode {
+pub(crate) fn run(hold: Hold) -> ExitCode {
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -227,8 +229,8 @@ pub fn run(hold: Hold) -> ExitCode {
 
 /// What the queue gave: the token, the entry, and how to release it.
 enum Held {
-    Lock(crate::lock::LockGrant),
-    Lead(crate::election::Leadership),
+    Lock(palisade::client::lock::LockGrant),
+    Lead(palisade::client::election::Leadership),
 }
 
 impl Held {
@@ -239,7 +241,7 @@ impl Held {
         }
     }
 
-    fn incarnation(&self) -> &crate::session::Incarnation {
+    fn incarnation(&self) -> &palisade::client::session::Incarnation {
         match self {
             Held::Lock(g) => g.incarnation(),
             Held::Lead(l) => l.incarnation(),
@@ -253,7 +255,7 @@ impl Held {
         }
     }
 
-    async fn release(&self) -> Result<(), crate::error::Error> {
+    async fn release(&self) -> Result<(), palisade::client::error::Error> {
         match self {
             Held::Lock(g) => g.unlock().await,
             Held::Lead(l) => l.resign().await,
@@ -365,7 +367,7 @@ async fn hold_once(args: &HoldArgs, value: Option<&str>, signals: &mut Signals) 
         }
     }
     // A lost lease has nothing left to revoke (and etcd may not answer: do not wait for it).
-    if session.state() != crate::session::SessionState::Lost {
+    if session.state() != palisade::client::session::SessionState::Lost {
         if let Err(e) = session.close().await {
             tracing::debug!(error = %e, "lease revoke failed; it expires by its TTL");
         }
