@@ -11,13 +11,13 @@ use http::header::HeaderValue;
 use http::Response;
 use http_body_util::Full;
 
+use super::decision::Note;
 use super::fields::Fields;
-use super::note::Note;
 use super::request::{
     framing_refusal, grpc_content_type, has_body, is_bodiless_method, request_host, RequestView,
 };
 use super::request_body::BodyLimit;
-use super::response_body::InflightGuard;
+use super::response_body::InflightCount;
 use super::upstream::Upstream;
 use super::{Proxy, Route, Routed};
 use crate::fence::drain::Ticket;
@@ -30,7 +30,7 @@ use crate::proxy::config::GetBodies;
 const FENCE_HEADER: http::HeaderName = http::HeaderName::from_static(crate::token::FENCE_HEADER);
 
 /// A request that passed [`Proxy::admit`]: what the upstream exchange needs to know.
-pub(super) struct Admitted<'a> {
+pub(super) struct Passed<'a> {
     pub(super) route: &'a Route,
     pub(super) upstream: &'a Arc<Upstream>,
     pub(super) outcome: Outcome,
@@ -45,7 +45,7 @@ pub(super) struct Admitted<'a> {
     pub(super) close_upstream: bool,
     /// `max_body_bytes` for a body whose length is not known up front.
     pub(super) limit: Option<BodyLimit>,
-    pub(super) inflight: InflightGuard,
+    pub(super) inflight: InflightCount,
     pub(super) grpc: Option<HeaderValue>,
 }
 
@@ -63,7 +63,7 @@ impl Proxy {
         peer: std::net::SocketAddr,
         started: Instant,
         note: &mut Note<'a>,
-    ) -> Result<Admitted<'a>, Response<Full<Bytes>>> {
+    ) -> Result<Passed<'a>, Response<Full<Bytes>>> {
         let grpc = grpc_content_type(req.fields());
         if let Some(why) = framing_refusal(req) {
             let mut resp = self.refuse_unrouted(why, Outcome::Malformed, grpc, peer, req, note);
@@ -194,7 +194,7 @@ impl Proxy {
             let why = Rejection::NothingToFence;
             return Err(self.refuse(route, why, refused, grpc, peer, started, note));
         }
-        let inflight = InflightGuard::new(&route.metrics.inflight);
+        let inflight = InflightCount::new(&route.metrics.inflight);
 
         let target = super::refuse::Target {
             key: &key,
@@ -236,7 +236,7 @@ impl Proxy {
         let upstream = &self.upstreams[route.settings.upstream];
         note.upstream = Some(&upstream.settings.name);
         note.token = token;
-        Ok(Admitted {
+        Ok(Passed {
             route,
             upstream,
             outcome,

@@ -29,14 +29,14 @@ pub(super) const ABORT_HOLD: Duration = Duration::from_secs(30);
 pub(super) enum Forwarded {
     /// The upstream answered (with the connection the body streams on, for HTTP/1.1), or
     /// failed.
-    Answered(Answer),
+    Answered(Reply),
     /// A newer owner's drain ran out of time and aborted the request.
     Aborted,
 }
 
 /// What a guarded request's exchange watches for a newer owner's drain. Owned, like all of
 /// the exchange's inputs: an exchange whose client hangs up after its request went out whole
-/// lives on in a task of its own (see [`super::hangup`]).
+/// lives on in a task of its own (see [`super::client_gone`]).
 pub(super) struct Abort {
     /// The generation of the request's drain ticket.
     pub(super) generation: Arc<Generation>,
@@ -283,7 +283,7 @@ impl<F: Future> Future for Within<F> {
 
 /// What an upstream exchange gives: the response head (with the connection its body streams
 /// on, for HTTP/1.1), or the refusal to send.
-pub(super) type Answer = Result<(Response<Incoming>, Option<Held>), Rejection>;
+pub(super) type Reply = Result<(Response<Incoming>, Option<Held>), Rejection>;
 
 #[cfg(test)]
 mod tests {

@@ -6,11 +6,11 @@
 
 mod admit;
 mod build;
+mod client_gone;
+mod decision;
 pub(crate) mod fast;
 mod fields;
 mod forward;
-mod hangup;
-mod note;
 mod refuse;
 mod request;
 mod request_body;
@@ -32,13 +32,13 @@ use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 
 pub use build::CarriedOver;
-pub(crate) use response_body::Tracked;
+pub(crate) use response_body::ResponseBody;
 pub(crate) use upstream::http1::Affinity;
 
-use self::admit::Admitted;
+use self::admit::Passed;
+use self::decision::{Logged, Note};
 use self::forward::{forward, Abort, Forwarded};
-use self::note::{Logged, Note};
-use self::rewrite::{prepare, strip_hop_by_hop, Forward, Head};
+use self::rewrite::{prepare, strip_hop_by_hop, Forward, UpstreamHead};
 use self::upstream::Upstream;
 use crate::fence::admission::{Admission, Resource};
 use crate::fence::drain::Ticket;
@@ -49,7 +49,7 @@ use crate::proxy::config::RouteSettings;
 use crate::proxy::server::ConnHold;
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
-pub(crate) type ProxyBody = Either<Tracked, Full<Bytes>>;
+pub(crate) type ProxyBody = Either<ResponseBody, Full<Bytes>>;
 
 /// The reverse proxy's state for one configuration: routes, upstream clients, admission and
 /// the access log. A reload builds a new one ([`Proxy::build`]); a request keeps the one it
@@ -147,7 +147,7 @@ impl Proxy {
         note: &mut Note<'a>,
     ) -> Response<ProxyBody> {
         let peer = client.addr;
-        let Admitted {
+        let Passed {
             route,
             upstream,
             outcome,
@@ -179,7 +179,7 @@ impl Proxy {
         let aborted = ticket.as_ref().map(|t| Arc::clone(t.generation()));
         let multiplexed = matches!(upstream.via, upstream::Via::Pooled(_));
         // Whether the body went out whole: for the drain (guarded requests), and for what
-        // becomes of an HTTP/2 exchange whose client goes away (`hangup`).
+        // becomes of an HTTP/2 exchange whose client goes away (`client_gone`).
         let delivered = (ticket.is_some() || multiplexed).then(request_body::Delivered::default);
         // A WebSocket upgrade on a route that allows it: the client's connection is taken over
         // once palisade answers 101.
@@ -192,7 +192,7 @@ impl Proxy {
         let mut req = prepare(
             req,
             Forward {
-                head: Head {
+                head: UpstreamHead {
                     route: &route.settings,
                     token_header: &self.header,
                     upstream,
@@ -237,7 +237,7 @@ impl Proxy {
             ));
             // Kept alive if the client hangs up after the request went out whole.
             let mut exchange =
-                hangup::Exchange::new(call, delivered.clone(), multiplexed, ticket, inflight);
+                client_gone::Outliving::new(call, delivered.clone(), multiplexed, ticket, inflight);
             let forwarded = (&mut exchange).await;
             (ticket, inflight) = exchange.into_kept();
             forwarded
@@ -289,7 +289,7 @@ impl Proxy {
                 }
                 Response::from_parts(
                     parts,
-                    Either::Left(Tracked {
+                    Either::Left(ResponseBody {
                         inner: body,
                         _inflight: inflight,
                         flight: crate::fence::flight::Flight::of(ticket),

@@ -13,16 +13,16 @@ use super::upstream::http1::Held;
 use crate::fence::flight::{poll_fenced, BodyError, Flight};
 
 /// Counts a request in `palisade_inflight_requests` until dropped.
-pub(super) struct InflightGuard(IntGauge);
+pub(super) struct InflightCount(IntGauge);
 
-impl InflightGuard {
+impl InflightCount {
     pub(super) fn new(g: &IntGauge) -> Self {
         g.inc();
         Self(g.clone())
     }
 }
 
-impl Drop for InflightGuard {
+impl Drop for InflightCount {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -33,16 +33,16 @@ impl Drop for InflightGuard {
 ///
 /// From an HTTP/1.1 upstream it also drives the upstream connection the body arrives on
 /// (`Held`), and gives that connection back for the next request once the body is over.
-pub(crate) struct Tracked {
+pub(crate) struct ResponseBody {
     pub(super) inner: Incoming,
-    pub(super) _inflight: InflightGuard,
+    pub(super) _inflight: InflightCount,
     pub(super) flight: Option<Flight>,
     pub(super) held: Option<Held>,
     /// Whether the request went upstream whole (see [`Delivered`]).
     pub(super) delivered: Option<Delivered>,
 }
 
-impl Drop for Tracked {
+impl Drop for ResponseBody {
     fn drop(&mut self) {
         // hyper stops polling a body whose `is_end_stream` is true (a Content-Length body
         // whose last byte arrived, an empty body): it is over all the same.
@@ -54,13 +54,13 @@ impl Drop for Tracked {
     }
 }
 
-impl std::fmt::Debug for Tracked {
+impl std::fmt::Debug for ResponseBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracked").finish_non_exhaustive()
+        f.debug_struct("ResponseBody").finish_non_exhaustive()
     }
 }
 
-impl Body for Tracked {
+impl Body for ResponseBody {
     type Data = Bytes;
     type Error = BodyError;
 

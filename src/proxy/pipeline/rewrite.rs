@@ -15,7 +15,7 @@ use crate::proxy::config::{Protocol, RouteSettings};
 
 /// What `prepare` needs to know beyond the request itself.
 pub(super) struct Forward<'a> {
-    pub(super) head: Head<'a>,
+    pub(super) head: UpstreamHead<'a>,
     /// The request body's half of a guarded request's drain ticket.
     pub(super) ticket: Option<crate::fence::drain::Ticket>,
     /// `max_body_bytes`, counted as the body streams (its length was not known up front).
@@ -27,7 +27,7 @@ pub(super) struct Forward<'a> {
 }
 
 /// What [`rewrite_head`] needs to know beyond the request head itself.
-pub(super) struct Head<'a> {
+pub(super) struct UpstreamHead<'a> {
     pub(super) route: &'a RouteSettings,
     pub(super) token_header: &'a HeaderName,
     pub(super) upstream: &'a Upstream,
@@ -67,7 +67,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
 /// fast path writes the same head from the client's bytes with the same parts
 /// ([`upstream_target`], [`client_authority`], [`rewrite_fields`]), so the upstream sees the
 /// same head whichever path served the client.
-pub(super) fn rewrite_head(parts: &mut http::request::Parts, mut f: Head<'_>) {
+pub(super) fn rewrite_head(parts: &mut http::request::Parts, mut f: UpstreamHead<'_>) {
     let settings = &f.upstream.settings;
     let path_and_query = match f.rewritten_path.take() {
         None => parts.uri.path_and_query().cloned(),
@@ -148,7 +148,7 @@ pub(super) fn client_authority(
 /// token header, Host (`authority`: from [`client_authority`]) and `x-forwarded-*`.
 pub(super) fn rewrite_fields<F: FieldsMut>(
     h: &mut F,
-    f: &Head<'_>,
+    f: &UpstreamHead<'_>,
     authority: Option<&http::uri::Authority>,
 ) {
     strip_hop_by_hop(h, f.token_header);

@@ -21,7 +21,7 @@ use hyper_util::rt::TokioIo;
 
 use super::forward::{abortable, Forwarded};
 use super::request_body::RequestBody;
-use super::response_body::InflightGuard;
+use super::response_body::InflightCount;
 use super::upstream::Upstream;
 use crate::fence::drain::{Generation, Ticket};
 use crate::fence::reject::Rejection;
@@ -106,7 +106,7 @@ pub(super) fn tunnel(
     client: OnUpgrade,
     upstream: &mut Response<Incoming>,
     ticket: Option<Ticket>,
-    inflight: InflightGuard,
+    inflight: InflightCount,
     hold: Option<ConnHold>,
 ) {
     let upstream = hyper::upgrade::on(upstream);

@@ -6,9 +6,9 @@ use tokio::io::AsyncWriteExt;
 
 use super::exchange::BODY_CHUNK;
 use super::shared::Logged;
-use super::{write, After, Conn};
+use super::{write, After, ClientConn};
 
-impl Conn {
+impl ClientConn {
     /// Skips the body of a request answered without sending it upstream; `false` when it is
     /// not all here. A small rest already in the socket is read first, as hyper's larger reads
     /// would have it in its buffer: whether a refused request keeps its connection does not
@@ -31,7 +31,7 @@ impl Conn {
     }
 
     /// Writes the response in `out` for a request none of whose body went upstream (and
-    /// whose body [`Conn::skip_unsent`] skipped unless `closing`).
+    /// whose body [`ClientConn::skip_unsent`] skipped unless `closing`).
     pub(super) async fn answer_unsent(&mut self, closing: bool) -> After {
         if self.client.write_all(&self.out).await.is_err() || closing {
             return After::Close;

@@ -7,8 +7,8 @@ use std::time::Instant;
 
 use super::head::{Head, View};
 use super::response::ResponseHead;
-use super::shared::{rewrite, Admitted, Logged, Note, Proxy, UpSock};
-use super::{upstream_head, write, After, Conn};
+use super::shared::{rewrite, Logged, Note, Passed, Proxy, UpSock};
+use super::{upstream_head, write, After, ClientConn};
 use crate::fence::reject::Rejection;
 
 /// Request body bytes are moved in pieces of at most this size.
@@ -23,14 +23,14 @@ pub(super) enum Failed {
 }
 
 /// A response head and the socket its body comes on.
-pub(super) struct Answer {
+pub(super) struct Relay {
     pub(super) head: ResponseHead,
     pub(super) sock: UpSock,
     /// The request body reached the upstream whole (it may answer before reading it all).
     pub(super) sent_whole: bool,
 }
 
-impl Conn {
+impl ClientConn {
     /// Serves the request whose head is `head` (at the start of the buffer).
     pub(super) async fn exchange(&mut self, proxy: &Proxy, head: Head) -> After {
         let started = Instant::now();
@@ -69,7 +69,7 @@ impl Conn {
                 return after;
             }
         };
-        let Admitted {
+        let Passed {
             route,
             upstream,
             outcome,
@@ -82,7 +82,7 @@ impl Conn {
             inflight,
             grpc,
         } = admitted;
-        let rules = rewrite::Head {
+        let rules = rewrite::UpstreamHead {
             route: &route.settings,
             token_header: &proxy.header,
             upstream,

@@ -57,7 +57,7 @@ pub(crate) fn serve(current: Arc<ArcSwap<Proxy>>, conn: FirstConn) -> FirstFutur
     // `run`'s own future, boxed as is: no async block around it, whose state each poll would
     // also go through.
     Box::pin(
-        Conn {
+        ClientConn {
             client: conn.stream,
             peer: conn.peer,
             activity: conn.activity,
@@ -91,7 +91,7 @@ impl Drop for Kept {
 }
 
 /// One client connection on the fast path and the buffers it reuses for each request.
-struct Conn {
+struct ClientConn {
     client: TcpStream,
     peer: Peer,
     activity: Activity,
@@ -123,7 +123,7 @@ enum After {
     Reset,
 }
 
-impl Conn {
+impl ClientConn {
     /// Serves requests until the connection ends (`None`) or one is for hyper.
     ///
     /// Between two requests nothing but the client's socket is waited for: a connection that
@@ -213,7 +213,7 @@ impl Conn {
         if !self.activity.hand_over() {
             return None;
         }
-        let Conn {
+        let ClientConn {
             client,
             mut buf,
             start,

@@ -4,28 +4,28 @@
 
 use tokio::io::AsyncWriteExt;
 
-use super::exchange::{Answer, BODY_CHUNK};
+use super::exchange::{Relay, BODY_CHUNK};
 use super::response::{Chunks, Framing, ResponseHead};
 use super::shared::rewrite::strip_hop_by_hop;
 use super::shared::{socket, Fields, FieldsMut, Proxy};
-use super::{write, After, Conn};
+use super::{write, After, ClientConn};
 
 /// The response could not be relayed whole (the upstream or the client failed, or the body's
 /// framing was invalid): the client connection must be closed.
 pub(super) struct Cut;
 
-impl Conn {
+impl ClientConn {
     /// Relays the response of `answer`; the upstream socket is kept for the next request when
     /// the exchange ended cleanly (`close_upstream`: the request asked it closed).
     pub(super) async fn relay(
         &mut self,
         proxy: &Proxy,
-        answer: Answer,
+        answer: Relay,
         close_upstream: bool,
         closing: bool,
         head_request: bool,
     ) -> Result<After, Cut> {
-        let Answer {
+        let Relay {
             head,
             mut sock,
             sent_whole,
@@ -37,7 +37,7 @@ impl Conn {
             framing,
             close,
         } = head;
-        let Conn {
+        let ClientConn {
             client,
             out,
             ubuf,

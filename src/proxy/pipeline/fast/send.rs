@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::exchange::{Answer, Failed, BODY_CHUNK};
+use super::exchange::{Failed, Relay, BODY_CHUNK};
 use super::response::{self, Read, ResponseHead};
 use super::shared::{error_chain, socket, upstream, Logged, Upstream, ABORT_HOLD};
-use super::Conn;
+use super::ClientConn;
 use crate::fence::reject::Rejection;
 
-impl Conn {
+impl ClientConn {
     /// Sends the head in `out` and `body` bytes of body, and reads the response head. At most
     /// once: only a kept or cached socket that fails the first write (nothing of the request
     /// was accepted) is replaced by a new one.
@@ -31,7 +31,7 @@ impl Conn {
         head_request: bool,
         (delivered, gone, guarded): (&AtomicBool, &AtomicBool, bool),
         logged: &mut Option<Logged<'_>>,
-    ) -> Result<Answer, Failed> {
+    ) -> Result<Relay, Failed> {
         let Some(pool) = &upstream.raw_idle else {
             return Err(Failed::Upstream(Rejection::UpstreamFailed(
                 "not a plain HTTP/1.1 upstream".to_owned(),
@@ -59,7 +59,7 @@ impl Conn {
             Err(e) => return Err(fail(&e)),
         };
         self.ubuf.clear();
-        let Conn {
+        let ClientConn {
             client,
             buf,
             start,
@@ -105,8 +105,8 @@ impl Conn {
             };
             let download = read_head(&mut up_read, ubuf, head_request, fields);
             // Once the request went out whole: whether the client hangs up (see `hung_up`).
-            let hangup = std::future::poll_fn(|cx| hung_up(client, cx));
-            tokio::pin!(upload, download, hangup);
+            let client_gone = std::future::poll_fn(|cx| hung_up(client, cx));
+            tokio::pin!(upload, download, client_gone);
             let mut watching = false;
             // Once the client is gone: how long a guarded request's answer is still waited for.
             let mut give_up: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
@@ -137,7 +137,7 @@ impl Conn {
                         }
                     }
                     r = &mut download => break r,
-                    closed = &mut hangup, if watching => {
+                    closed = &mut client_gone, if watching => {
                         watching = false;
                         if closed {
                             gone.store(true, Relaxed);
@@ -161,7 +161,7 @@ impl Conn {
                 (Err(_), Some(f)) | (Err(f), None) => return Err(f),
             }
         };
-        Ok(Answer {
+        Ok(Relay {
             head,
             sock,
             sent_whole,

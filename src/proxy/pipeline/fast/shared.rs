@@ -3,14 +3,14 @@
 //! use of the parent pipeline from `fast/` goes through here, so this list is what the two
 //! engines share.
 
+pub(super) use super::super::decision::{Logged, Note};
 pub(super) use super::super::fields::{same_name, Fields, FieldsMut, NewValue};
 pub(super) use super::super::forward::ABORT_HOLD;
-pub(super) use super::super::note::{Logged, Note};
 pub(super) use super::super::request::RequestView;
 #[cfg(test)]
 pub(super) use super::super::request::{has_body, is_bodiless_method, request_host};
 pub(super) use super::super::rewrite;
 pub(super) use super::super::upstream::raw::{self as upstream, UpSock};
 pub(super) use super::super::upstream::{socket, Upstream};
-pub(super) use super::super::{Admitted, Proxy, Routed};
+pub(super) use super::super::{Passed, Proxy, Routed};
 pub(super) use crate::proxy::error_chain::error_chain;

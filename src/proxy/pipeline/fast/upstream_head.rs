@@ -17,7 +17,7 @@ pub(super) fn write(
     out: &mut Vec<u8>,
     view: &mut View<'_>,
     rewritten: Option<String>,
-    rules: &rewrite::Head<'_>,
+    rules: &rewrite::UpstreamHead<'_>,
 ) {
     let authority = client_authority(
         rules.upstream.settings.protocol,
@@ -83,7 +83,11 @@ guard = false
 
     /// The head as the fast path wrote it before it stopped building `http` types: the
     /// request as hyper's path sees it, `rewrite_head`, then each header of the map.
-    fn by_hyper_path(raw: &[u8], rewritten: Option<String>, rules: rewrite::Head<'_>) -> Vec<u8> {
+    fn by_hyper_path(
+        raw: &[u8],
+        rewritten: Option<String>,
+        rules: rewrite::UpstreamHead<'_>,
+    ) -> Vec<u8> {
         let mut headers = [httparse::EMPTY_HEADER; 100];
         let mut req = httparse::Request::new(&mut headers);
         req.parse(raw).unwrap();
@@ -101,7 +105,7 @@ guard = false
         let (mut parts, ()) = request.into_parts();
         rewrite_head(
             &mut parts,
-            rewrite::Head {
+            rewrite::UpstreamHead {
                 rewritten_path: rewritten,
                 ..rules
             },
@@ -171,7 +175,7 @@ guard = false
                     None => host.host.to_owned(),
                 });
                 let close = is_bodiless_method(view.method) && has_body(&view);
-                let rules = || rewrite::Head {
+                let rules = || rewrite::UpstreamHead {
                     route: &route.settings,
                     token_header: &proxy.header,
                     upstream: &proxy.upstreams[0],

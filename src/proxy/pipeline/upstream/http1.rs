@@ -6,7 +6,7 @@
 //! then the client's task again. nginx instead keeps upstream keep-alive connections per
 //! worker and moves bytes between two sockets in one event loop. Here the client
 //! connection's task polls the upstream connection itself: while it waits for the response
-//! head ([`Exchange`]) and while it streams the response body ([`Held`]). A request goes
+//! head ([`AwaitHead`]) and while it streams the response body ([`Held`]). A request goes
 //! client -> guard -> upstream -> client with no lock held across it and no hop between tasks.
 //!
 //! Where a connection lives between requests:
@@ -39,13 +39,13 @@ use super::socket::Check;
 use super::tls::UpIo;
 use crate::proxy::pipeline::request_body::RequestBody;
 
-type Conn<B> = http1::Connection<TokioIo<UpIo>, B>;
+type Http1Conn<B> = http1::Connection<TokioIo<UpIo>, B>;
 
 /// One upstream HTTP/1.1 connection: the handle that sends requests and the future that does
 /// the I/O, which whoever holds it must poll. (Generic over the request body for its tests.)
 pub(crate) struct UpConn<B: hyper::body::Body + 'static = RequestBody> {
     sender: http1::SendRequest<B>,
-    conn: Pin<Box<Conn<B>>>,
+    conn: Pin<Box<Http1Conn<B>>>,
     /// The connection future returned (the upstream closed it, or it failed).
     done: bool,
     /// Asks the socket itself, not tokio's readiness, whether anything came while idle.
@@ -237,7 +237,7 @@ type Sent = Result<Response<Incoming>, hyper::client::conn::TrySendError<Request
 /// Sends `req` on `c` and waits for the response head, driving `c`'s I/O meanwhile.
 async fn exchange(c: &mut UpConn, req: Request<RequestBody>) -> Sent {
     let mut sent = Box::pin(c.sender.try_send_request(req));
-    Exchange {
+    AwaitHead {
         conn: c,
         response: sent.as_mut(),
     }
@@ -263,12 +263,12 @@ async fn retry(
 }
 
 /// Polls the connection and the response future together until the response head arrives.
-struct Exchange<'a, F> {
+struct AwaitHead<'a, F> {
     conn: &'a mut UpConn,
     response: Pin<&'a mut F>,
 }
 
-impl<F: Future> Future for Exchange<'_, F> {
+impl<F: Future> Future for AwaitHead<'_, F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {

@@ -1,4 +1,5 @@
-//! What the pipeline decided about a request, noted on the way, and its access log line.
+//! What the pipeline decided about a request ([`Note`]: noted on the way), and its access log
+//! line.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;

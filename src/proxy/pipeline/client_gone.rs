@@ -26,20 +26,20 @@ use std::task::{Context, Poll};
 
 use super::forward::ABORT_HOLD;
 use super::request_body::Delivered;
-use super::response_body::InflightGuard;
+use super::response_body::InflightCount;
 use crate::fence::drain::Ticket;
 
 /// The exchange's future, with what must live as long as it does once the request went out
 /// whole: the response half of its drain ticket and its in-flight count.
-pub(super) struct Exchange<F: Future<Output: Send> + Send + 'static> {
+pub(super) struct Outliving<F: Future<Output: Send> + Send + 'static> {
     call: Option<Pin<Box<F>>>,
     delivered: Option<Delivered>,
     /// HTTP/2 upstream: kept until its body failed even if it did not go out whole.
     multiplexed: bool,
-    kept: Option<(Option<Ticket>, InflightGuard)>,
+    kept: Option<(Option<Ticket>, InflightCount)>,
 }
 
-impl<F: Future<Output: Send> + Send + 'static> Exchange<F> {
+impl<F: Future<Output: Send> + Send + 'static> Outliving<F> {
     /// `delivered`: whether the request went out whole (tracked for guarded requests and
     /// HTTP/2 upstreams). `multiplexed`: the upstream is HTTP/2.
     pub(super) fn new(
@@ -47,7 +47,7 @@ impl<F: Future<Output: Send> + Send + 'static> Exchange<F> {
         delivered: Option<Delivered>,
         multiplexed: bool,
         ticket: Option<Ticket>,
-        inflight: InflightGuard,
+        inflight: InflightCount,
     ) -> Self {
         Self {
             call: Some(call),
@@ -58,14 +58,14 @@ impl<F: Future<Output: Send> + Send + 'static> Exchange<F> {
     }
 
     /// The ticket and in-flight count back, once the exchange ended.
-    pub(super) fn into_kept(mut self) -> (Option<Ticket>, InflightGuard) {
+    pub(super) fn into_kept(mut self) -> (Option<Ticket>, InflightCount) {
         self.kept
             .take()
             .expect("an exchange keeps its ticket until it is taken")
     }
 }
 
-impl<F: Future<Output: Send> + Send + 'static> Future for Exchange<F> {
+impl<F: Future<Output: Send> + Send + 'static> Future for Outliving<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
@@ -80,7 +80,7 @@ impl<F: Future<Output: Send> + Send + 'static> Future for Exchange<F> {
     }
 }
 
-impl<F: Future<Output: Send> + Send + 'static> Drop for Exchange<F> {
+impl<F: Future<Output: Send> + Send + 'static> Drop for Outliving<F> {
     fn drop(&mut self) {
         let Some(call) = self.call.take() else {
             return; // it ended
