@@ -46,7 +46,7 @@ use crate::fence::metrics::{Outcome, Outcomes, RouteMetrics};
 use crate::fence::reject::Rejection;
 use crate::proxy::access_log::AccessLog;
 use crate::proxy::config::RouteSettings;
-use crate::proxy::server::ConnHold;
+use crate::proxy::server::ConnCount;
 
 /// The body palisade answers with: the upstream's, streamed, or its own rejection.
 pub(crate) type ProxyBody = Either<ResponseBody, Full<Bytes>>;
@@ -185,7 +185,7 @@ impl Proxy {
         // once palisade answers 101.
         let client_upgrade = (route.settings.websocket && upgrade::is_websocket(&req))
             .then(|| hyper::upgrade::on(&mut req))
-            .map(|on| (on, req.extensions_mut().remove::<ConnHold>()));
+            .map(|on| (on, req.extensions_mut().remove::<ConnCount>()));
         // Only a body can fail on the client's side while the upstream exchange runs.
         let client_failed =
             (!http_body::Body::is_end_stream(req.body())).then(request_body::ClientFailed::default);

@@ -27,7 +27,7 @@ use crate::fence::drain::{Generation, Ticket};
 use crate::fence::reject::Rejection;
 use crate::proxy::config::RouteSettings;
 use crate::proxy::error_chain::error_chain;
-use crate::proxy::server::ConnHold;
+use crate::proxy::server::ConnCount;
 
 /// Whether `req` asks for a WebSocket: HTTP/1.1 GET with `Connection: upgrade` and
 /// `Upgrade: websocket` (RFC 6455 4.1).
@@ -107,7 +107,7 @@ pub(super) fn tunnel(
     upstream: &mut Response<Incoming>,
     ticket: Option<Ticket>,
     inflight: InflightCount,
-    hold: Option<ConnHold>,
+    hold: Option<ConnCount>,
 ) {
     let upstream = hyper::upgrade::on(upstream);
     tokio::spawn(async move {

@@ -12,11 +12,11 @@ use tokio::sync::mpsc;
 /// whatever still uses the connection's socket after hyper let it go (a WebSocket tunnel):
 /// the connection counts until the last holder drops it.
 #[derive(Clone)]
-pub(crate) struct ConnHold(#[allow(dead_code)] pub(super) Arc<Counting>);
+pub(crate) struct ConnCount(#[allow(dead_code)] pub(super) Arc<Counting>);
 
-impl std::fmt::Debug for ConnHold {
+impl std::fmt::Debug for ConnCount {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ConnHold").finish_non_exhaustive()
+        f.debug_struct("ConnCount").finish_non_exhaustive()
     }
 }
 

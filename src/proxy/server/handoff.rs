@@ -5,7 +5,7 @@
 //! handle (the HTTP/2 preface, a chunked request body, an upgrade, ...) it gives the socket back
 //! with the bytes it read but did not consume, and hyper serves the rest of the connection as
 //! if it had read those bytes itself ([`Prefixed`] replays them first). The watchdog's limits
-//! and a graceful shutdown apply to either: to the first handler through its sentry
+//! and a graceful shutdown apply to either: to the first handler through its watchdog_task
 //! ([`spawn`]), to hyper through [`Watch::drive`].
 
 use std::future::Future;
@@ -53,14 +53,14 @@ pub(crate) type FirstFuture = Pin<Box<dyn Future<Output = Option<Handoff>> + Sen
 /// A handler tried first on each plain-TCP connection of a listener (not on TLS ones).
 pub(crate) type FirstHandler = Arc<dyn Fn(FirstConn) -> FirstFuture + Send + Sync>;
 
-/// The watchdog's view of a connection served by a first handler, shared with its sentry (a
+/// The watchdog's view of a connection served by a first handler, shared with its watchdog_task (a
 /// task of its own that closes the connection on a timeout or a stop): the handler reports
 /// each request's start and end, and learns there whether it must finish.
 #[derive(Debug, Clone)]
 pub(crate) struct Activity {
     pub(super) state: Arc<State>,
-    /// Set by the server when it stops, before any sentry hears of it: a request answered
-    /// after that carries `Connection: close` even if its connection's sentry has not run yet.
+    /// Set by the server when it stops, before any watchdog_task hears of it: a request answered
+    /// after that carries `Connection: close` even if its connection's watchdog_task has not run yet.
     pub(super) server_stopping: Arc<AtomicBool>,
 }
 
@@ -75,7 +75,7 @@ impl Activity {
 
     /// The request begun last is over: `true` when the connection must finish now (the
     /// server is stopping). Between two requests the handler needs no other check: a
-    /// connection waiting for a request is closed by its sentry.
+    /// connection waiting for a request is closed by its watchdog_task.
     #[must_use]
     pub(crate) fn end(&self) -> bool {
         self.state.end() || self.server_stopping.load(Ordering::SeqCst)
@@ -90,7 +90,7 @@ impl Activity {
     }
 
     /// Whether the connection was asked to finish after the current request, or the server
-    /// began to stop (its sentry may not have run yet).
+    /// began to stop (its watchdog_task may not have run yet).
     pub(crate) fn stopping(&self) -> bool {
         self.server_stopping.load(Ordering::SeqCst) || self.state.stop_asked()
     }
@@ -105,7 +105,7 @@ impl Activity {
 
 type Ended = Result<(), Box<dyn std::error::Error + Send + Sync>>;
 
-/// Runs a first handler's connection: `served` in a task of its own, watched by a sentry
+/// Runs a first handler's connection: `served` in a task of its own, watched by a watchdog_task
 /// task, then, if it hands over, hyper's connection made by `make` under [`Watch::drive`].
 /// `hold` (the connection's count) is dropped when the connection's task ends.
 pub(super) fn spawn<M, H, K>(served: FirstFuture, make: M, watch: Watch, hold: K)
@@ -114,9 +114,9 @@ where
     H: Future<Output = Ended> + GracefulShutdown + Send + 'static,
     K: Send + 'static,
 {
-    // Dropped with the connection's task (or at its hand-over): ends the sentry.
+    // Dropped with the connection's task (or at its hand-over): ends the watchdog_task.
     let (ended, ended_rx) = oneshot::channel::<()>();
-    let sentry = watch.clone();
+    let watchdog_task = watch.clone();
     let task = tokio::spawn(async move {
         let handoff = served.await;
         drop(ended);
@@ -132,7 +132,7 @@ where
         }
         drop(hold);
     });
-    tokio::spawn(sentry.sentry(task.abort_handle(), ended_rx));
+    tokio::spawn(watchdog_task.watchdog_task(task.abort_handle(), ended_rx));
 }
 
 /// The client's socket with bytes already read from it replayed first.

@@ -67,9 +67,9 @@ pub(crate) mod framing;
 mod handoff;
 mod head;
 pub(crate) mod linger;
-mod sentry;
 mod state;
 mod wake;
+mod watchdog_task;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -91,7 +91,7 @@ use tokio::sync::{mpsc, watch};
 use crate::fence::metrics::ConnMetrics;
 
 pub(crate) use body::ActiveBody;
-pub(crate) use count::ConnHold;
+pub(crate) use count::ConnCount;
 use count::Counting;
 pub(crate) use handoff::{Activity, FirstConn, FirstFuture, FirstHandler, Handoff};
 
@@ -305,7 +305,7 @@ pub(crate) async fn serve_first<H, F, B, C>(
             // (and is waited for at shutdown) after hyper lets the connection go.
             if req.headers().contains_key(http::header::UPGRADE) {
                 req.extensions_mut()
-                    .insert(ConnHold(Arc::clone(&svc_counted)));
+                    .insert(ConnCount(Arc::clone(&svc_counted)));
                 svc_state.set_may_tunnel();
             }
             // Boxed: hyper moves the service's future into its connection state, and the

@@ -1,6 +1,6 @@
 //! What the watchdog knows of one connection ([`State`]): its requests in progress, when it
 //! last became idle, and, for a connection served by a first handler, the phase that its
-//! sentry and the handler hand between them (see [`super::sentry`]).
+//! watchdog_task and the handler hand between them (see [`super::watchdog_task`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -37,16 +37,16 @@ pub(super) struct State {
     handed: AtomicU64,
 }
 
-/// A first handler's connection waits for a request with nothing of it read: its sentry may
+/// A first handler's connection waits for a request with nothing of it read: its watchdog_task may
 /// close it for any reason.
 pub(super) const WAITING: u8 = 0;
-/// Part of a request head is read: the sentry closes the connection when a timeout passes,
+/// Part of a request head is read: the watchdog_task closes the connection when a timeout passes,
 /// but a stop lets the head complete and its request be served (within `grace`), as hyper
 /// does.
 pub(super) const PARTIAL: u8 = 1;
-/// A request head is complete and its exchange not over: the sentry leaves the connection be.
+/// A request head is complete and its exchange not over: the watchdog_task leaves the connection be.
 pub(super) const BUSY: u8 = 2;
-/// The sentry is closing the connection: it serves nothing more.
+/// The watchdog_task is closing the connection: it serves nothing more.
 pub(super) const CLOSING: u8 = 3;
 /// The connection went to hyper, under [`Watch::drive`].
 pub(super) const HANDED: u8 = 4;
@@ -118,7 +118,7 @@ impl State {
             .find(|&from| self.swap(from, to))
     }
 
-    /// A first handler's request head is complete: `false` when the sentry is closing the
+    /// A first handler's request head is complete: `false` when the watchdog_task is closing the
     /// connection (nothing may be served then).
     pub(super) fn begin(&self) -> bool {
         let begun = self.leave_waiting(BUSY).is_some();
@@ -128,7 +128,7 @@ impl State {
         begun
     }
 
-    /// Part of a first handler's next request head is read: `false` when the sentry is
+    /// Part of a first handler's next request head is read: `false` when the watchdog_task is
     /// closing the connection.
     pub(super) fn partial(&self) -> bool {
         self.phase.load(Ordering::Relaxed) == PARTIAL || self.swap(WAITING, PARTIAL)
@@ -136,16 +136,16 @@ impl State {
 
     /// A first handler's request is over: `true` when the connection must finish now.
     ///
-    /// `phase` is written before `stop` is read, and the sentry writes `stop` before it tries
+    /// `phase` is written before `stop` is read, and the watchdog_task writes `stop` before it tries
     /// to move `phase` from `WAITING` (all `SeqCst`): either this sees the request to stop, or
-    /// the sentry sees the connection waiting and closes it. A stop is never missed.
+    /// the watchdog_task sees the connection waiting and closes it. A stop is never missed.
     pub(super) fn end(&self) -> bool {
         self.mark_idle();
         self.phase.store(WAITING, Ordering::SeqCst);
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// The first handler hands the connection to hyper: `false` when the sentry is closing it.
+    /// The first handler hands the connection to hyper: `false` when the watchdog_task is closing it.
     pub(super) fn hand_over(&self) -> bool {
         self.leave_waiting(HANDED).is_some()
     }
@@ -155,14 +155,14 @@ impl State {
         self.stop.load(Ordering::SeqCst)
     }
 
-    /// The sentry asks the connection to finish after its current request, and closes it at
+    /// The watchdog_task asks the connection to finish after its current request, and closes it at
     /// once if it waits with nothing of a request read: `true` then.
     pub(super) fn stop_or_close(&self) -> bool {
         self.stop.store(true, Ordering::SeqCst);
         self.swap(WAITING, CLOSING)
     }
 
-    /// The sentry takes a connection that waits for a request head (none or part of it read)
+    /// The watchdog_task takes a connection that waits for a request head (none or part of it read)
     /// for closing: the phase it was in, `None` while a request is served (or the connection
     /// went to hyper).
     pub(super) fn try_close(&self) -> Option<u8> {
@@ -175,7 +175,7 @@ impl State {
         self.mark_idle();
     }
 
-    /// The sentry gives back a connection it took for closing, in the phase it took it from
+    /// The watchdog_task gives back a connection it took for closing, in the phase it took it from
     /// (`try_close`'s): `false` if it is not closing.
     pub(super) fn reopen(&self, phase: u8) -> bool {
         self.swap(CLOSING, phase)

@@ -127,7 +127,7 @@ impl ClientConn {
     /// Serves requests until the connection ends (`None`) or one is for hyper.
     ///
     /// Between two requests nothing but the client's socket is waited for: a connection that
-    /// idles too long, or is waiting when the server stops, is closed by its sentry (see
+    /// idles too long, or is waiting when the server stops, is closed by its watchdog task (see
     /// [`Activity`]), which never cuts a request once [`Activity::begin`] took it.
     async fn run(mut self, current: Arc<ArcSwap<Proxy>>) -> Option<Handoff> {
         loop {

@@ -4,13 +4,13 @@
 //! Why a task of its own: a watchdog polled in the connection's task ([`Watch::drive`]) is
 //! reached on every wake-up of that task, two or more per request, and each such poll touches
 //! its state, its timer and its wake-up flag: cold memory when hundreds of connections take
-//! turns (measured: 4-5 % of the proxy's throughput at 256 connections). The sentry sleeps
+//! turns (measured: 4-5 % of the proxy's throughput at 256 connections). The watchdog_task sleeps
 //! instead, and wakes only when its timer fires (about once per `idle_timeout`) or the server
 //! stops. The connection does not poll it at all: the two share only [`State`]'s phase and
 //! stop flags, which the connection writes on the line it updates for each request anyway.
 //!
 //! The rules are [`Watch::drive`]'s (`header_read_timeout`, `idle_timeout`, a graceful stop
-//! bounded by `grace`). Closing is aborting the connection's task, which the sentry does only
+//! bounded by `grace`). Closing is aborting the connection's task, which the watchdog_task does only
 //! after taking the connection from a waiting phase to closing (see [`State`]'s phases): a
 //! request whose head is complete is never cut, and a connection asked to stop while it
 //! serves one (or has part of its head) finishes it, then ends by itself ([`State::end`]).
@@ -26,7 +26,7 @@ impl Watch {
     /// Watches the first handler's connection whose task is `conn` until it ends or goes to
     /// hyper (`ended` resolves: its sender was dropped), closing it when a limit passes or the
     /// server stops.
-    pub(super) async fn sentry(mut self, conn: AbortHandle, ended: oneshot::Receiver<()>) {
+    pub(super) async fn watchdog_task(mut self, conn: AbortHandle, ended: oneshot::Receiver<()>) {
         let state = std::sync::Arc::clone(&self.state);
         let first = state
             .deadline(&self.limits)
