@@ -5,14 +5,14 @@ use super::*;
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct File {
-    pub(super) proxy: Proxy,
+    pub(super) proxy: RawProxy,
     pub(super) admin: Option<Admin>,
     #[serde(default)]
     pub(super) fencing: Fencing,
     #[serde(default)]
     pub(super) marks: Marks,
     #[serde(default)]
-    pub(super) upstream: Vec<Upstream>,
+    pub(super) upstream: Vec<RawUpstream>,
     #[serde(default)]
     pub(super) route: Vec<Route>,
     pub(super) access_log: Option<super::access_log::Raw>,
@@ -20,7 +20,7 @@ pub(super) struct File {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct Proxy {
+pub(super) struct RawProxy {
     pub(super) listen: Spanned<String>,
     pub(super) workers: Option<Spanned<usize>>,
     #[serde(default = "default_grace")]
@@ -85,7 +85,7 @@ pub(super) struct Marks {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct Upstream {
+pub(super) struct RawUpstream {
     pub(super) name: Spanned<String>,
     pub(super) url: Option<Spanned<String>>,
     pub(super) urls: Option<Spanned<Vec<Spanned<String>>>>,

@@ -22,7 +22,7 @@ impl Validator<'_> {
     pub(super) fn upstream(
         &self,
         i: usize,
-        u: raw::Upstream,
+        u: raw::RawUpstream,
         earlier: &[UpstreamSettings],
     ) -> Result<UpstreamSettings, ConfigError> {
         let key = |k: &str| format!("upstream[{i}].{k}");

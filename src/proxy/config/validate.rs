@@ -150,7 +150,7 @@ impl Validator<'_> {
         })
     }
 
-    fn proxy(&self, p: raw::Proxy) -> Result<ProxySettings, ConfigError> {
+    fn proxy(&self, p: raw::RawProxy) -> Result<ProxySettings, ConfigError> {
         Ok(ProxySettings {
             listen: self.listen(&p.listen, "proxy.listen")?,
             workers: match p.workers {

@@ -25,7 +25,7 @@
 //! `palisade_config_info{digest}` (the SHA-256 of its text, [`Config::digest`]): one series,
 //! replaced when a reload succeeds.
 
-mod fixed;
+mod kept_keys;
 pub mod protection;
 
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use prometheus::{IntCounter, IntCounterVec, IntGaugeVec, Opts};
 
-pub use fixed::KeptKey;
+pub use kept_keys::KeptKey;
 
 use crate::fence::admission::Admission;
 use crate::fence::marks::StoreError;
@@ -233,7 +233,7 @@ impl Reloader {
         let mut next = tokio::task::spawn_blocking(move || Config::load(path))
             .await
             .map_err(ReloadError::TaskLost)??;
-        let kept = fixed::keep(in_force, &mut next);
+        let kept = kept_keys::keep(in_force, &mut next);
         let plan = protection::plan_with(in_force, ghosts, &next, |r| {
             i.admission.resource(r).map_or(0, |r| r.mark())
         });
