@@ -22,7 +22,7 @@
 //!
 //! ```no_run
 //! # async fn demo(client: etcd_client::Client, session: palisade::Session) -> Result<(), Box<dyn std::error::Error>> {
-//! use palisade::fenced_txn::{commit_fenced, Stm, TxnError};
+//! use palisade::client::fenced_txn::{commit_fenced, Stm, TxnError};
 //! use palisade::LockService;
 //!
 //! let grant = session.lock("accounts").await?;

@@ -8,11 +8,11 @@
 //! token. A zombie whose entry expired fails that compare and gets no token.
 
 mod grant;
-mod ride;
+mod ride_out;
 mod wait;
 
 pub(crate) use grant::Grant;
-pub(crate) use ride::{pause, txn_riding_out};
+pub(crate) use ride_out::{pause, txn_riding_out};
 
 use crate::client::backend::{Compare, KeyRange, LeaseId, Op, Txn, TxnResponse};
 use crate::client::error::Error;
@@ -173,7 +173,7 @@ impl Pending {
         // adopt. Read only: a late copy of this transaction must never write over what the
         // entry became since (a leader's `proclaim`).
         let absent = Compare::CreateRevisionEq(KeyRange::key(key.clone()), 0);
-        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || {
+        let r = ride_out::txn_noting(&self.session, "register", &mut self.late_put, || {
             put_or_read(&key, lease, &absent, value)
         })
         .await?;
@@ -201,7 +201,7 @@ impl Pending {
     async fn adopt_value(&mut self, seen: i64, value: &[u8]) -> Result<(), Error> {
         let (key, lease) = (self.key.clone(), self.session.lease());
         let unchanged = Compare::ModRevisionEq(key.clone(), seen);
-        let r = ride::txn_noting(&self.session, "register", &mut self.late_put, || {
+        let r = ride_out::txn_noting(&self.session, "register", &mut self.late_put, || {
             put_or_read(&key, lease, &unchanged, value)
         })
         .await?;

@@ -69,7 +69,7 @@ mod ticket;
 mod watch;
 
 pub use self::ticket::{AbortSignal, AbortWait, Ticket};
-use self::ticket::{Counted, Shard, SHARDS};
+use self::ticket::{CohortCount, Shard, SHARDS};
 pub use self::watch::AbortWatch;
 
 /// After an abort, how long the aborted requests get to notice it and end.
@@ -301,7 +301,7 @@ impl Drain {
             return None;
         }
         // The count, then `superseded`: the request's half of the store-buffer pattern.
-        let counted = Counted::take(shard);
+        let counted = CohortCount::take(shard);
         let g = counted.generation();
         if g.superseded.load(SeqCst) {
             return None;
@@ -325,7 +325,7 @@ impl Drain {
     pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
         let shards = self.current.load().shards.len();
         let next = Arc::new(Cohort::new(token, false, shards));
-        let counted = Counted::take(Arc::clone(next.shard()));
+        let counted = CohortCount::take(Arc::clone(next.shard()));
         let old = self.current.swap(next);
         // `superseded`, then the count (read by `finish`): the advance's half of the
         // store-buffer pattern.

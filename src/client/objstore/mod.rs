@@ -25,10 +25,10 @@
 //! ([`Error::PreconditionsIgnored`]).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), palisade::objstore::Error> {
+//! # async fn demo() -> Result<(), palisade::client::objstore::Error> {
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use palisade::objstore::{object_store::memory::InMemory, Elector, ElectorOptions};
+//! use palisade::client::objstore::{object_store::memory::InMemory, Elector, ElectorOptions};
 //!
 //! let store = Arc::new(InMemory::new()); // or an AmazonS3, GoogleCloudStorage, ...
 //! let options = ElectorOptions::new().with_ttl(Duration::from_secs(10)).with_holder("node-1");

@@ -130,12 +130,12 @@ pub(super) fn cache(id: u64, shard: &Arc<Shard>) {
 
 /// One request's weight in a shard, given back when dropped.
 #[derive(Debug)]
-pub(super) struct Counted {
+pub(super) struct CohortCount {
     shard: Arc<Shard>,
     weight: u64,
 }
 
-impl Counted {
+impl CohortCount {
     /// Counts a whole request in `shard` (`SeqCst`: the request's half of the store-buffer
     /// pattern).
     #[inline(always)]
@@ -152,7 +152,7 @@ impl Counted {
     }
 }
 
-impl Drop for Counted {
+impl Drop for CohortCount {
     fn drop(&mut self) {
         self.shard.count.fetch_sub(self.weight, SeqCst);
         // After the count (both `SeqCst`): a drainer whose sum missed this leave is woken.
@@ -165,11 +165,11 @@ impl Drop for Counted {
 
 /// One request in flight under a generation (or one half of it: see [`Ticket::split`]).
 #[derive(Debug)]
-pub struct Ticket(Counted);
+pub struct Ticket(CohortCount);
 
 impl Ticket {
     #[inline(always)]
-    pub(super) fn whole(counted: Counted) -> Self {
+    pub(super) fn whole(counted: CohortCount) -> Self {
         Ticket(counted)
     }
 
@@ -192,7 +192,7 @@ impl Ticket {
         } else {
             shard.count.fetch_add(HALF, SeqCst);
         }
-        let other = Counted {
+        let other = CohortCount {
             shard,
             weight: HALF,
         };

@@ -13,8 +13,8 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use palisade::layer::FenceLayer;
-//! use palisade::{admission::Admission, marks::FileStore, metrics::Metrics};
+//! use palisade::FenceLayer;
+//! use palisade::{Admission, FileStore, Metrics};
 //!
 //! let metrics = Metrics::new(prometheus::Registry::new())?;
 //! let store = Arc::new(FileStore::open("data/marks.db")?);
