@@ -228,37 +228,37 @@ pub(crate) fn run(hold: Hold) -> ExitCode {
 }
 
 /// What the queue gave: the token, the entry, and how to release it.
-enum Held {
+enum Holding {
     Lock(palisade::client::lock::LockGrant),
     Lead(palisade::client::election::Leadership),
 }
 
-impl Held {
+impl Holding {
     fn token(&self) -> FencingToken {
         match self {
-            Held::Lock(g) => g.token(),
-            Held::Lead(l) => l.token(),
+            Holding::Lock(g) => g.token(),
+            Holding::Lead(l) => l.token(),
         }
     }
 
     fn incarnation(&self) -> &palisade::client::session::Incarnation {
         match self {
-            Held::Lock(g) => g.incarnation(),
-            Held::Lead(l) => l.incarnation(),
+            Holding::Lock(g) => g.incarnation(),
+            Holding::Lead(l) => l.incarnation(),
         }
     }
 
     fn loss_signal(&self) -> LossSignal {
         match self {
-            Held::Lock(g) => g.loss_signal(),
-            Held::Lead(l) => l.loss_signal(),
+            Holding::Lock(g) => g.loss_signal(),
+            Holding::Lead(l) => l.loss_signal(),
         }
     }
 
     async fn release(&self) -> Result<(), palisade::client::error::Error> {
         match self {
-            Held::Lock(g) => g.unlock().await,
-            Held::Lead(l) => l.resign().await,
+            Holding::Lock(g) => g.unlock().await,
+            Holding::Lead(l) => l.resign().await,
         }
     }
 }
@@ -337,11 +337,11 @@ async fn hold_once(args: &HoldArgs, value: Option<&str>, signals: &mut Signals) 
     };
     let acquire = async {
         match value {
-            None => session.lock(&args.name).await.map(Held::Lock),
+            None => session.lock(&args.name).await.map(Holding::Lock),
             Some(v) => session
                 .campaign(&args.name, v.as_bytes().to_vec())
                 .await
-                .map(Held::Lead),
+                .map(Holding::Lead),
         }
     };
     let held = tokio::select! {
@@ -447,7 +447,7 @@ async fn start_watchdog() -> std::io::Result<(Child, tokio::process::ChildStdin,
 async fn supervise(
     args: &HoldArgs,
     session: &Session,
-    held: &Held,
+    held: &Holding,
     signals: &mut Signals,
 ) -> Round {
     let token = held.token();
