@@ -67,7 +67,7 @@ pub(crate) async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ));
 
     let dir = tempfile::tempdir()?;
-    // The switch tests/examples.rs uses to show that the fence is what refuses the zombie.
+    // The switch tests/examples/main.rs uses to show that the fence is what refuses the zombie.
     let guard = std::env::var_os("PALISADE_EXAMPLE_UNFENCED").is_none_or(|v| v != "1");
     if !guard {
         println!("PALISADE_EXAMPLE_UNFENCED=1: the route forwards without checking tokens");

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 pub(crate) const TTL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Whether the resource's fence is disabled (`PALISADE_EXAMPLE_UNFENCED=1`): how
-/// tests/examples.rs shows that the fence is what refuses the zombie.
+/// tests/examples/main.rs shows that the fence is what refuses the zombie.
 pub(crate) fn unfenced() -> bool {
     std::env::var_os("PALISADE_EXAMPLE_UNFENCED").is_some_and(|v| v == "1")
 }

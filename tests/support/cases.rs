@@ -1,5 +1,5 @@
 //! The admission cases every fence must pass, the proxy and the in-process layer alike: one
-//! table, used by `tests/proxy.rs` and `tests/layer.rs`.
+//! table, used by `tests/proxy/requests.rs` and `tests/layer/main.rs`.
 //!
 //! Each case runs against a resource whose mark is 51 when it starts.
 
@@ -98,7 +98,7 @@ pub type Seen = Arc<Mutex<Vec<(Option<u64>, u64)>>>;
 
 /// The mark of `orders` in a palisade marks file (0 when unreadable).
 pub fn stored(marks: &Path) -> u64 {
-    palisade::marks::file::read(marks)
+    palisade::fence::marks::file::read(marks)
         .ok()
         .flatten()
         .and_then(|m| m.get("orders").copied())
@@ -122,7 +122,7 @@ pub async fn recording_upstream(marks: PathBuf, seen: Seen) -> std::net::SocketA
     use super::grpc::Msg;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(palisade::server::serve(
+    tokio::spawn(palisade::proxy::server::serve(
         listener,
         move |req: http::Request<hyper::body::Incoming>, _| {
             let (seen, marks) = (seen.clone(), marks.clone());
@@ -133,7 +133,7 @@ pub async fn recording_upstream(marks: PathBuf, seen: Seen) -> std::net::SocketA
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse().ok());
                 seen.lock().unwrap().push((token, stored(&marks)));
-                if palisade::reject::grpc_content_type(req.headers()).is_some() {
+                if palisade::fence::grpc::grpc_content_type(req.headers()).is_some() {
                     let req = req.map(tonic::body::Body::new);
                     let mut grpc =
                         tonic::server::Grpc::new(tonic_prost::ProstCodec::<Msg, Msg>::default());

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use palisade::objstore::object_store::path::Path;
-use palisade::objstore::object_store::{
+use palisade::client::objstore::object_store::path::Path;
+use palisade::client::objstore::object_store::{
     self, CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
     PutMode, PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };

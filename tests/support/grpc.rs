@@ -39,6 +39,7 @@ fn record(log: &Log, path: &str, req: &Request<Msg>) {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         headers: req.metadata().clone().into_headers(),
+        ..Seen::default()
     });
 }
 
@@ -112,12 +113,12 @@ async fn upstream_with(
     let log = Log::default();
     let (stop, stopped) = oneshot::channel::<()>();
     let l = log.clone();
-    let limits = palisade::server::Limits {
+    let limits = palisade::proxy::server::Limits {
         tls: tls.map(|t| std::sync::Arc::new(arc_swap::ArcSwap::new(t))),
         grace: Duration::from_secs(1),
-        ..palisade::server::Limits::default()
+        ..palisade::proxy::server::Limits::default()
     };
-    tokio::spawn(palisade::server::serve_with(
+    tokio::spawn(palisade::proxy::server::serve_with(
         listener,
         move |req: http::Request<Incoming>, _peer, _: &std::sync::Arc<()>| {
             let log = l.clone();
@@ -313,6 +314,7 @@ impl ClientStreamingService<Msg> for Sum {
             version: http::Version::HTTP_2,
             token: token.clone(),
             headers: req.metadata().clone().into_headers(),
+            ..Seen::default()
         });
         let sums = self.1.clone();
         let i = sums.start(token);
@@ -367,7 +369,7 @@ pub async fn sum_upstream() -> SumUpstream {
     let sums = SumLog::default();
     let (stop, stopped) = oneshot::channel::<()>();
     let (l, s) = (log.clone(), sums.clone());
-    tokio::spawn(palisade::server::serve(
+    tokio::spawn(palisade::proxy::server::serve(
         listener,
         move |req: http::Request<Incoming>, _peer| {
             let (log, sums) = (l.clone(), s.clone());

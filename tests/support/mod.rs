@@ -1,24 +1,28 @@
-//! Test support: a recording upstream, an in-process proxy, a proxy process, HTTP clients.
+//! Test support: fake upstreams, an in-process proxy, a proxy process, HTTP clients.
 //!
-//! Everything binds `127.0.0.1:0`; nothing depends on fixed ports or test order.
+//! Everything binds `127.0.0.1:0`; nothing depends on fixed ports or test order. Each test
+//! binary (`tests/<area>/main.rs`) holds many files' tests, run in parallel on threads of one
+//! process: nothing here keeps state between tests, but [`serial`].
 
 #![allow(dead_code, unreachable_pub)]
 
 pub mod cases;
 pub mod grpc;
+pub mod upstream;
 
-use std::convert::Infallible;
+#[allow(unused_imports)]
+pub use upstream::{upstream, Log, Seen, Upstream};
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Frame, Incoming};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -66,147 +70,23 @@ macro_rules! on_both_paths {
 #[allow(unused_imports)]
 pub(crate) use on_both_paths;
 
-/// What the upstream saw of one request.
-#[derive(Debug, Clone)]
-pub struct Seen {
-    pub method: Method,
-    pub path: String,
-    pub authority: Option<String>,
-    pub version: http::Version,
-    pub token: Option<String>,
-    pub headers: HeaderMap,
+/// Runs the tests that hold its guard one at a time within a test binary: those that measure
+/// time, CPU or latency windows, and those that load the machine while they run. A binary
+/// runs many files' tests on parallel threads; none of the first kind may share the cores
+/// with another of either kind. A tokio mutex, since the guard is held across awaits.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
 }
 
-/// The upstream's own log of every request that reached it.
-#[derive(Debug, Clone, Default)]
-pub struct Log(Arc<Mutex<Vec<Seen>>>);
-
-impl Log {
-    pub fn push(&self, s: Seen) {
-        self.0.lock().unwrap().push(s);
+/// The name libtest gives the test function `name` of the module whose `module_path!()` is
+/// `module` (its path below the crate root), to run this binary again on that test alone
+/// (`--exact`), as the tests that need a child process do.
+pub fn test_name(module: &str, name: &str) -> String {
+    match module.split_once("::") {
+        Some((_, path)) => format!("{path}::{name}"),
+        None => name.to_owned(),
     }
-    pub fn all(&self) -> Vec<Seen> {
-        self.0.lock().unwrap().clone()
-    }
-    pub fn tokens(&self) -> Vec<Option<String>> {
-        self.all().into_iter().map(|s| s.token).collect()
-    }
-    pub fn paths(&self) -> Vec<String> {
-        self.all().into_iter().map(|s| s.path).collect()
-    }
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap().len()
-    }
-}
-
-type UpBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
-
-/// A small "legacy" HTTP service (HTTP/1.1 and h2c on one port) that logs every request.
-///
-/// - `/upload`: reads the whole body, answers with the byte count;
-/// - `/download?N`: streams N bytes;
-/// - `.../trailers`: answers with a body and a trailer `x-checksum: 42`;
-/// - `.../slow?MS`: waits MS milliseconds, then answers;
-/// - anything else: `200 ok <method> <path>`.
-pub struct Upstream {
-    pub addr: SocketAddr,
-    pub log: Log,
-    _stop: oneshot::Sender<()>,
-}
-
-pub async fn upstream() -> Upstream {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let log = Log::default();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let l = log.clone();
-    tokio::spawn(palisade::server::serve(
-        listener,
-        move |req, _peer| {
-            let log = l.clone();
-            async move { upstream_handle(req, log).await }
-        },
-        async move {
-            let _ = stopped.await;
-        },
-        Duration::from_secs(1),
-    ));
-    Upstream {
-        addr,
-        log,
-        _stop: stop,
-    }
-}
-
-async fn upstream_handle(req: Request<Incoming>, log: Log) -> Response<UpBody> {
-    let token = req
-        .headers()
-        .get("x-fencing-token")
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    log.push(Seen {
-        method: req.method().clone(),
-        path: req.uri().path().to_owned(),
-        authority: req.uri().authority().map(|a| a.to_string()),
-        version: req.version(),
-        token,
-        headers: req.headers().clone(),
-    });
-    let query = req.uri().query().unwrap_or("").to_owned();
-    match req.uri().path() {
-        "/upload" => {
-            let mut body = req.into_body();
-            let mut n: u64 = 0;
-            while let Some(frame) = body.frame().await {
-                if let Ok(d) = frame.unwrap().into_data() {
-                    n += d.len() as u64;
-                }
-            }
-            full(n.to_string())
-        }
-        "/download" => {
-            let total: usize = query.parse().unwrap();
-            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
-            let stream = futures_stream(total, chunk);
-            Response::new(BodyExt::boxed(StreamBody::new(stream)))
-        }
-        p if p.ends_with("/trailers") => {
-            let mut trailers = HeaderMap::new();
-            trailers.insert("x-checksum", HeaderValue::from_static("42"));
-            let frames = vec![
-                Ok::<_, Infallible>(Frame::data(Bytes::from_static(b"body"))),
-                Ok(Frame::trailers(trailers)),
-            ];
-            let mut r = Response::new(BodyExt::boxed(StreamBody::new(tokio_stream::iter(frames))));
-            // HTTP/1.1 sends only trailers the response declares.
-            r.headers_mut()
-                .insert("trailer", HeaderValue::from_static("x-checksum"));
-            r
-        }
-        p if p.ends_with("/slow") => {
-            tokio::time::sleep(Duration::from_millis(query.parse().unwrap_or(500))).await;
-            full("slow done")
-        }
-        p => full(format!("ok {} {p}", req.method())),
-    }
-}
-
-fn futures_stream(
-    total: usize,
-    chunk: Bytes,
-) -> impl tokio_stream::Stream<Item = Result<Frame<Bytes>, Infallible>> {
-    let mut left = total;
-    tokio_stream::iter(std::iter::from_fn(move || {
-        if left == 0 {
-            return None;
-        }
-        let n = left.min(chunk.len());
-        left -= n;
-        Some(Ok(Frame::data(chunk.slice(..n))))
-    }))
-}
-
-fn full(s: impl Into<Bytes>) -> Response<UpBody> {
-    Response::new(BodyExt::boxed(Full::new(s.into())))
 }
 
 /// Substitutes `{upstream}` and `{marks}` in a config template.
@@ -221,7 +101,7 @@ pub struct Proxy {
     pub addr: SocketAddr,
     pub admin: SocketAddr,
     /// Reloads its configuration from the file it names, as SIGHUP does.
-    pub reloader: palisade::reload::Reloader,
+    pub reloader: palisade::proxy::reload::Reloader,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<()>>,
 }

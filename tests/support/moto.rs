@@ -14,8 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use palisade::objstore::object_store::aws::{AmazonS3Builder, S3ConditionalPut};
-use palisade::objstore::object_store::{ClientOptions, ObjectStore, RetryConfig};
+use palisade::client::objstore::object_store::aws::{AmazonS3Builder, S3ConditionalPut};
+use palisade::client::objstore::object_store::{ClientOptions, ObjectStore, RetryConfig};
 
 fn binary() -> PathBuf {
     let bin = std::env::var_os("PALISADE_MOTO_SERVER")

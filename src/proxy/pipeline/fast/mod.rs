@@ -48,7 +48,7 @@ use crate::proxy::server::{Activity, FirstConn, FirstFuture, Handoff, Peer};
 
 /// Each read asks for at least this much room; the buffer grows (up to `max_header_bytes` for
 /// a head) only for heads that need it. Small, because an idle connection keeps its buffer:
-/// 2000 idle connections must stay well under the RSS budget (`tests/limits.rs`).
+/// 2000 idle connections must stay well under the RSS budget (`tests/proxy/limits.rs`).
 const READ_SIZE: usize = 4 * 1024;
 
 /// Serves `conn` on the fast path, with the configuration current at each request; hands it
@@ -147,7 +147,8 @@ impl ClientConn {
                             return None;
                         }
                         // A connection that has sent nothing yet holds no buffer: thousands
-                        // of silent ones would otherwise cost READ_SIZE each (`tests/limits.rs`).
+                        // of silent ones would otherwise cost READ_SIZE each
+                        // (`tests/proxy/limits.rs`).
                         if self.buf.capacity() == 0 && self.client.readable().await.is_err() {
                             return None;
                         }
