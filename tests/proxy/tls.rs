@@ -590,6 +590,9 @@ fn curl(args: &[&str]) -> (String, u64) {
 /// is still cut, and no refused body ever reaches the upstream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_refusal_reaches_a_client_still_sending_its_body() {
+    // curl sends bodies of up to 8 MiB, over TLS too: seconds of both cores; alone among the
+    // binary's timing tests (`support::serial`).
+    let _serial = support::serial().await;
     let env = setup(false).await;
     let dir = env._dir.path();
     let plain = support::proxy(
