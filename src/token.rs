@@ -11,9 +11,8 @@ use std::str::FromStr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
 
-/// The default header (and gRPC metadata key) that carries a fencing token.
-///
-/// The same name disco uses, so its clients interoperate with palisade resources.
+/// The default header (and gRPC metadata key) that carries a fencing token
+/// (`docs/design.md#tokens`).
 pub const DEFAULT_HEADER: &str = "x-fencing-token";
 
 /// A fencing token: a non-zero `u64` that grows with every new owner of a resource.

@@ -43,7 +43,7 @@ use crate::client::queue::{token, Grant, Pending, Primitive};
 use crate::client::session::{naming, Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
-/// Election operations (disco's `election.Service`): implemented by [`Session`].
+/// Election operations: implemented by [`Session`].
 pub trait ElectionService {
     /// Joins the election with `value` and waits until this candidate leads.
     ///

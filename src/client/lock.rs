@@ -26,7 +26,7 @@ use crate::client::queue::{try_exclusive, Grant, Pending, Primitive};
 use crate::client::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
-/// Lock operations (disco's `lock.Service`): implemented by [`Session`].
+/// Lock operations: implemented by [`Session`].
 pub trait LockService {
     /// Waits until the lock is free, takes it and returns its grant.
     ///

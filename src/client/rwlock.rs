@@ -18,7 +18,7 @@ use crate::client::queue::{token, try_exclusive, txn_riding_out, Grant, Pending,
 use crate::client::session::{Incarnation, LossSignal, Role, Session};
 use crate::token::FencingToken;
 
-/// Read/write lock operations (disco's `rwlock.Service`): implemented by [`Session`].
+/// Read/write lock operations: implemented by [`Session`].
 pub trait RwLockService {
     /// Waits for every earlier writer, then shares the lock with other readers.
     ///
