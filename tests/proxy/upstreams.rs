@@ -796,3 +796,99 @@ async fn an_http2_refusal_of_head_has_no_body() {
     assert!(body.is_end_stream(), "the stream ended with the head");
     assert!(body.data().await.is_none());
 }
+
+/// An HTTP/2 GET whose HEADERS frame leaves the stream open and whose body is one empty DATA
+/// frame (what many clients send) has no body: forwarded and answered, as nginx does, where it
+/// was refused 400 by the GET-body rule. Body bytes on a GET are still refused; where a route
+/// forwards GET bodies, the frames read to tell (data or trailers) reach the upstream whole.
+#[tokio::test]
+async fn an_http2_get_ended_by_an_empty_data_frame_has_no_body() {
+    // Reads every body before it answers.
+    let live = support::upstream::builder()
+        .reply(|_| support::upstream::Reply::text("ok"))
+        .start()
+        .await;
+    let up = live.addr;
+    // Reads and writes alike: both routes of `config` refuse GET bodies (the default).
+    let (p, _dir) = proxy(&config(&format!("url = \"http://{up}\""), "")).await;
+    let send = |addr: std::net::SocketAddr, path: &'static str, frames: Vec<H2Frame>| async move {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        let mut h2 = h2.ready().await.unwrap();
+        let mut req = http::Request::get(format!("http://{addr}{path}"))
+            .body(())
+            .unwrap();
+        for f in &frames {
+            if let H2Frame::Trailers(name) = f {
+                req.headers_mut()
+                    .insert(http::header::TRAILER, name.parse().unwrap());
+            }
+        }
+        let (response, mut stream) = h2.send_request(req, false).unwrap();
+        let last = frames.len() - 1;
+        for (i, f) in frames.into_iter().enumerate() {
+            match f {
+                H2Frame::Data(d) => stream.send_data(Bytes::from(d), i == last).unwrap(),
+                H2Frame::Trailers(name) => {
+                    let mut t = http::HeaderMap::new();
+                    t.insert(name, "1".parse().unwrap());
+                    stream.send_trailers(t).unwrap();
+                }
+            }
+        }
+        response.await.unwrap().status()
+    };
+    use H2Frame::{Data, Trailers};
+    for frames in [vec![Data("")], vec![Data(""), Data(""), Data("")]] {
+        assert_eq!(send(p.addr, "/items/1", frames).await, StatusCode::OK);
+    }
+    let seen = live.log.find(|s| s.path == "/items/1").expect("forwarded");
+    assert_eq!((seen.body_len, seen.trailers.is_some()), (0, false));
+    for frames in [
+        vec![Data("x")],
+        vec![Data(""), Data("abc")],
+        vec![Trailers("x-sum")],
+    ] {
+        assert_eq!(
+            send(p.addr, "/items/2", frames).await,
+            StatusCode::BAD_REQUEST
+        );
+    }
+    assert_eq!(live.log.count(|s| s.path == "/items/2"), 0);
+
+    let (p, _dir) = proxy(&config(
+        &format!("url = \"http://{up}\""),
+        "get_bodies = \"forward\"",
+    ))
+    .await;
+    let ok = send(p.addr, "/items/3", vec![Data(""), Data("abc"), Data("de")]).await;
+    assert_eq!(ok, StatusCode::OK);
+    let ok = send(p.addr, "/items/4", vec![Trailers("x-sum")]).await;
+    assert_eq!(ok, StatusCode::OK);
+    // The same over HTTP/1.1 with a chunked body (handed to hyper's path).
+    let mut tcp = TcpStream::connect(p.addr).await.unwrap();
+    tcp.write_all(
+        b"GET /items/5 HTTP/1.1\r\nhost: h\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for (path, sent) in [("/items/3", &b"abcde"[..]), ("/items/5", b"abc")] {
+        let seen = live.log.find(|s| s.path == path).expect("forwarded");
+        assert_eq!(seen.body, sent, "{seen:?}");
+    }
+    let trailers = live.log.find(|s| s.path == "/items/4").expect("forwarded");
+    assert!(
+        trailers.trailers.is_some_and(|t| t.contains_key("x-sum")),
+        "the trailers read to tell arrive"
+    );
+}
+
+/// A frame an HTTP/2 test client sends after HEADERS.
+enum H2Frame {
+    Data(&'static str),
+    Trailers(&'static str),
+}

@@ -11,6 +11,7 @@ mod decision;
 pub(crate) mod fast;
 mod fields;
 mod forward;
+mod peek;
 mod refuse;
 mod request;
 mod request_body;
@@ -159,7 +160,10 @@ impl Proxy {
             limit,
             mut inflight,
             grpc,
-        } = match self.admit(&req, peer, started, note).await {
+        } = match {
+            peek::settle(&mut req).await;
+            self.admit(&req, peer, started, note).await
+        } {
             Ok(a) => a,
             Err(refused) => {
                 // The refusal must reach a client still sending its body.

@@ -54,10 +54,13 @@ impl<B: Body> RequestView for Request<B> {
     }
 
     fn body_ended(&self) -> bool {
-        self.body().is_end_stream()
+        self.body().is_end_stream() && self.extensions().get::<super::peek::Peeked>().is_none()
     }
 
     fn body_length(&self) -> Option<u64> {
+        if self.extensions().get::<super::peek::Peeked>().is_some() {
+            return None;
+        }
         self.body().size_hint().exact()
     }
 }

@@ -9,6 +9,7 @@ use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::peek::Peeked;
 use crate::fence::drain::Ticket;
 use crate::fence::flight::{poll_fenced, BodyError, Flight};
 use crate::proxy::error_chain::error_chain;
@@ -54,6 +55,8 @@ impl ClientFailed {
 /// aborts the request, the body fails at once, so the upstream never receives its end (HTTP/1.1:
 /// the connection is closed before the body is complete; HTTP/2: the stream is reset).
 pub(crate) struct RequestBody {
+    /// Read before admission (`peek`): sent before `inner`'s frames.
+    first: Option<Peeked>,
     /// `None`: no body (a request sent again, see [`RequestBody::none`]).
     inner: Option<Incoming>,
     strip: Option<HeaderName>,
@@ -65,13 +68,14 @@ pub(crate) struct RequestBody {
 
 impl RequestBody {
     pub(super) fn new(
-        inner: Incoming,
+        (first, inner): (Option<Peeked>, Incoming),
         strip: Option<HeaderName>,
         ticket: Option<Ticket>,
         limit: Option<BodyLimit>,
         (delivered, client_failed): (Option<Delivered>, Option<ClientFailed>),
     ) -> Self {
         Self {
+            first,
             inner: Some(inner),
             strip,
             flight: Flight::of(ticket),
@@ -84,7 +88,7 @@ impl RequestBody {
     /// Whether there are no body bytes to send, asked without the side effect of
     /// `is_end_stream` (which hyper calls as it writes the head).
     pub(super) fn is_bodiless(&self) -> bool {
-        self.inner.as_ref().is_none_or(Body::is_end_stream)
+        self.first.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream)
     }
 
     /// What tells whether this body went upstream whole.
@@ -96,6 +100,7 @@ impl RequestBody {
     /// head is written, as for the first send.
     pub(super) fn none(delivered: Option<Delivered>) -> Self {
         Self {
+            first: None,
             inner: None,
             strip: None,
             flight: None,
@@ -150,7 +155,17 @@ impl Body for RequestBody {
             }
             return Poll::Ready(None);
         };
-        let polled = poll_fenced(Pin::new(inner), &mut this.flight, cx);
+        // What was read before admission goes first, unless a drain aborted the request.
+        let polled = match this.first.take() {
+            Some(first) if !this.flight.as_ref().is_some_and(Flight::is_aborted) => {
+                Poll::Ready(Some(match first {
+                    Peeked::Data(d) => Ok(Frame::data(d)),
+                    Peeked::Trailers(t) => Ok(Frame::trailers(t)),
+                    Peeked::Failed(e) => Err(BodyError::from(e)),
+                }))
+            }
+            _ => poll_fenced(Pin::new(inner), &mut this.flight, cx),
+        };
         if let Poll::Ready(Some(Err(e))) = polled {
             // The client's body failed (not a drain's abort, which fails it with its ticket).
             if let (Some(f), false) = (
@@ -207,7 +222,7 @@ impl Body for RequestBody {
         if self.flight.as_ref().is_some_and(Flight::is_aborted) {
             return false;
         }
-        let end = self.inner.as_ref().is_none_or(Body::is_end_stream);
+        let end = self.first.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream);
         if let (true, Some(d)) = (end, &self.delivered) {
             d.set();
         }
@@ -215,6 +230,9 @@ impl Body for RequestBody {
     }
 
     fn size_hint(&self) -> SizeHint {
+        if self.first.is_some() {
+            return SizeHint::default();
+        }
         self.inner
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)

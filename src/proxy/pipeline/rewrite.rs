@@ -49,11 +49,24 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
         .route
         .strip_token
         .then(|| f.head.token_header.clone());
+    let first = parts.extensions.remove::<super::peek::Peeked>();
+    // hyper's client sends a GET (HEAD, CONNECT) body of unknown length as no body at all
+    // unless the head says chunked: a route that forwards GET bodies says it.
+    let chunked = f.head.close
+        && f.head.upstream.settings.protocol == Protocol::Http1
+        && !parts.headers.contains_key(header::CONTENT_LENGTH)
+        && (first.is_some() || http_body::Body::size_hint(&body).exact().is_none());
     rewrite_head(&mut parts, f.head);
+    if chunked {
+        parts.headers.insert(
+            header::TRANSFER_ENCODING,
+            http::HeaderValue::from_static("chunked"),
+        );
+    }
     Request::from_parts(
         parts,
         RequestBody::new(
-            body,
+            (first, body),
             strip,
             f.ticket,
             f.limit,
