@@ -16,19 +16,24 @@ need() {
   fi
 }
 
-# A loopback port nothing listens on.
+# A loopback port nothing listens on, below the ephemeral range (where a port can be taken by
+# the local end of a connection, which makes a later listen on it fail).
 free_port() {
-  local p
+  local p low
+  read -r low _ </proc/sys/net/ipv4/ip_local_port_range
   while :; do
-    p=$((20000 + RANDOM % 30000))
+    p=$((10000 + RANDOM % (low - 10000)))
     (echo >/dev/tcp/127.0.0.1/$p) 2>/dev/null || { echo $p; return; }
   done
 }
 
-# Waits (10 s at most) until something listens on port $1.
+# Waits (10 s at most) until something listens on port $1; on failure prints the log file $2
+# (the server's) when given.
 wait_port() {
   for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/$1) 2>/dev/null && return; sleep 0.05; done
-  echo "nothing listens on port $1" >&2; exit 1
+  echo "nothing listens on port $1" >&2
+  [[ -n ${2:-} ]] && tail -20 "$2" >&2
+  exit 1
 }
 
 # Pins the proxy under test to core 0 and the load (wrk, upstream, etcd) to core 1.

@@ -148,6 +148,7 @@ impl Proxy {
         note: &mut Note<'a>,
     ) -> Response<ProxyBody> {
         let peer = client.addr;
+        peek::settle(&mut req).await;
         let Passed {
             route,
             upstream,
@@ -160,10 +161,7 @@ impl Proxy {
             limit,
             mut inflight,
             grpc,
-        } = match {
-            peek::settle(&mut req).await;
-            self.admit(&req, peer, started, note).await
-        } {
+        } = match self.admit(&req, peer, started, note).await {
             Ok(a) => a,
             Err(refused) => {
                 // The refusal must reach a client still sending its body.
