@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde_json::Value;
 use support::{get, h2c_client, http1_client, metric, post, send};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const CONFIG: &str = r#"
 [proxy]
@@ -400,6 +400,7 @@ support::on_both_paths!(
     a_reload_turns_the_access_log_on_and_moves_it_without_losing_lines,
     a_client_that_hangs_up_before_its_answer_is_logged_as_499,
     clients_gone_before_their_answer_are_client_closed_not_upstream_errors,
+    a_malformed_chunked_body_from_a_client_still_there_is_a_400,
 );
 support::on_both_paths!(
     #[flavor = "multi_thread", worker_threads = 2]
@@ -482,4 +483,44 @@ async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors(
         .filter(|l| l.contains("\"WARN\"") || l.contains("upstream request failed"))
         .collect();
     assert!(warned.is_empty(), "{warned:#?}");
+}
+
+/// A client still connected whose chunked body turns malformed after its request went
+/// upstream (a chunk size line that is not hex) gets 400 `malformed` and the connection
+/// closed, as nginx answers: not 499 `client_closed` (it is there to read the answer), nor
+/// an upstream error.
+async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = hanging_upstream().await;
+    let text = config("json", "access.log", up.addr).replace(
+        "resource = \"orders\"\n",
+        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
+    );
+    let proxy = support::proxy(&text, dir.path()).await;
+    let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let head = "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    client.write_all(head.as_bytes()).await.unwrap();
+    up.log.wait(1).await; // admitted and forwarded
+    client.write_all(b"zz\r\nmore\r\n").await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut answer)).await;
+    assert!(read.is_ok(), "the connection stayed open");
+    let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
+    assert!(answer.starts_with("http/1.1 400"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    let path = dir.path().join("access.log");
+    let limit = std::time::Instant::now() + Duration::from_secs(5);
+    while lines(&path).is_empty() {
+        assert!(std::time::Instant::now() < limit, "no access log line");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let got = lines(&path);
+    assert_eq!(got.len(), 1, "{got:#?}");
+    let v: Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(
+        (v["status"].as_u64(), v["outcome"].as_str()),
+        (Some(400), Some("malformed")),
+        "{}",
+        got[0]
+    );
 }

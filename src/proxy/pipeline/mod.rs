@@ -189,8 +189,9 @@ impl Proxy {
             .then(|| hyper::upgrade::on(&mut req))
             .map(|on| (on, req.extensions_mut().remove::<ConnCount>()));
         // Only a body can fail on the client's side while the upstream exchange runs.
-        let client_failed =
-            (!http_body::Body::is_end_stream(req.body())).then(request_body::ClientFailed::default);
+        let client_failed = (!http_body::Body::is_end_stream(req.body())
+            || req.extensions().get::<peek::Peeked>().is_some())
+        .then(request_body::ClientFailed::default);
         let mut req = prepare(
             req,
             Forward {
@@ -299,6 +300,28 @@ impl Proxy {
                         delivered,
                     }),
                 )
+            }
+            // The client's body could not be parsed: the client is still there to be told.
+            Err(_)
+                if client_failed
+                    .as_ref()
+                    .is_some_and(request_body::ClientFailed::is_malformed) =>
+            {
+                let why = Rejection::BadRequest("the request body's framing is malformed");
+                let mut refused = self.refuse(
+                    route,
+                    why,
+                    (Outcome::Malformed, token),
+                    grpc,
+                    peer,
+                    started,
+                    note,
+                );
+                // Where the body ends is unknown: nothing more is read from the connection.
+                refused
+                    .headers_mut()
+                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+                refused.map(Either::Right)
             }
             // The client went away mid-body (or cancelled its call): the upstream failed
             // because of it.

@@ -32,19 +32,52 @@ impl Delivered {
 }
 
 /// Whether the client's request body failed (the client went away mid-body, reset its stream
-/// or cancelled its call): an upstream failure that follows is the client's doing, not the
-/// upstream's.
+/// or cancelled its call, or sent a body its framing cannot parse): an upstream failure that
+/// follows is the client's doing, not the upstream's.
 #[derive(Debug, Clone, Default)]
-pub(super) struct ClientFailed(std::sync::Arc<std::sync::atomic::AtomicBool>);
+pub(super) struct ClientFailed(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+/// [`ClientFailed`]'s states.
+const BODY_OK: u8 = 0;
+const BODY_GONE: u8 = 1;
+const BODY_MALFORMED: u8 = 2;
 
 impl ClientFailed {
     pub(super) fn is_set(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
+        self.0.load(std::sync::atomic::Ordering::Acquire) != BODY_OK
     }
 
-    fn set(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::Release);
+    /// The body's framing was broken (a bad chunk size line, say) by a client that is still
+    /// there to be told: 400, as for a malformed head.
+    pub(super) fn is_malformed(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire) == BODY_MALFORMED
     }
+
+    fn set(&self, e: &(dyn std::error::Error + 'static)) {
+        let state = if malformed(e) {
+            BODY_MALFORMED
+        } else {
+            BODY_GONE
+        };
+        self.0.store(state, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// Whether a body's error says its bytes could not be parsed (hyper's chunked decoder reports
+/// `InvalidInput`/`InvalidData`), rather than that they stopped coming (`UnexpectedEof`, a
+/// reset, a cancelled stream).
+fn malformed(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+            );
+        }
+        cur = c.source();
+    }
+    false
 }
 
 /// The client's request body on its way upstream. With `strip_token`, the token is removed
@@ -172,7 +205,7 @@ impl Body for RequestBody {
                 &this.client_failed,
                 this.flight.as_ref().is_some_and(Flight::is_aborted),
             ) {
-                f.set();
+                f.set(&*e);
             }
             return Poll::Ready(Some(Err(Box::new(BodyFailed(error_chain(&*e))))));
         }
