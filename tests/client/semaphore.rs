@@ -8,8 +8,8 @@ use crate::etcd;
 use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -174,36 +174,16 @@ async fn three_permits_eight_sigstopped_contenders_never_exceed_three_and_zombie
     let dir = tempfile::tempdir().unwrap();
     let path = support::write(dir.path(), "palisade.toml", &config(up.addr));
     let proxy = support::spawn_proxy(&path).unwrap_or_else(|e| panic!("proxy: {e:?}"));
-    let exe = std::env::current_exe().unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
     let mut contenders = Vec::new();
     for i in 0..8 {
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                &support::test_name(module_path!(), "contender_child"),
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(
-                CHILD,
-                format!("{} {} {}", etcd.endpoint(), proxy.addr, RUN.as_secs()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                // libtest's "test semaphore::contender_child ... " has no newline before the
-                // first line.
-                if let Some((_, l)) = line.split_once("sem ") {
-                    let _ = tx.send((i, l.to_owned()));
-                }
-            }
-        });
+        let args = format!("{} {} {}", etcd.endpoint(), proxy.addr, RUN.as_secs());
+        let child = support::child_test(
+            (module_path!(), "contender_child"),
+            (CHILD, &args),
+            "sem ",
+            (i, tx.clone()),
+        );
         contenders.push(Contender { child });
     }
     drop(tx);

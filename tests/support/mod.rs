@@ -89,6 +89,40 @@ pub fn test_name(module: &str, name: &str) -> String {
     }
 }
 
+/// Runs test `name` of `module` (the caller's `module_path!()`) of this test binary as a
+/// child process, with `env` set in its environment, and sends what follows `marker` on each
+/// line of its standard output to `tx`, tagged with `i` (libtest prints no newline before a
+/// test's first line, hence a marker rather than whole lines).
+pub fn child_test(
+    (module, name): (&str, &str),
+    (env, value): (&str, &str),
+    marker: &'static str,
+    (i, tx): (usize, tokio::sync::mpsc::UnboundedSender<(usize, String)>),
+) -> std::process::Child {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            &test_name(module, name),
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(env, value)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some((_, l)) = line.split_once(marker) {
+                let _ = tx.send((i, l.to_owned()));
+            }
+        }
+    });
+    child
+}
+
 /// Substitutes `{upstream}` and `{marks}` in a config template.
 pub fn render(template: &str, upstream: SocketAddr, marks: &Path) -> String {
     template

@@ -7,9 +7,9 @@
 //! reaches the upstream is the record of the tokens accepted.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -175,7 +175,6 @@ async fn five_candidate_processes_with_sigstopped_leaders_never_act_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = support::write(dir.path(), "palisade.toml", &proxy_config(up.addr));
     let proxy = support::spawn_proxy(&path).unwrap_or_else(|e| panic!("proxy: {e:?}"));
-    let exe = std::env::current_exe().unwrap();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
     let mut candidates = Vec::new();
     for i in 0..5 {
@@ -185,29 +184,12 @@ async fn five_candidate_processes_with_sigstopped_leaders_never_act_at_once() {
             proxy.addr,
             RUN.as_secs()
         );
-        let mut child = Command::new(&exe)
-            .args([
-                "--exact",
-                &support::test_name(module_path!(), "candidate_child"),
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(CHILD, args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let tx = tx.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                // libtest's "test objstore_s3::processes::candidate_child ... " has no newline
-                // before the first line.
-                if let Some((_, l)) = line.split_once("objstore ") {
-                    let _ = tx.send((i, l.to_owned()));
-                }
-            }
-        });
+        let child = support::child_test(
+            (module_path!(), "candidate_child"),
+            (CHILD, &args),
+            "objstore ",
+            (i, tx.clone()),
+        );
         candidates.push(Candidate { child });
     }
     drop(tx);
