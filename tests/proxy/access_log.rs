@@ -340,16 +340,31 @@ async fn hanging_upstream() -> support::Upstream {
     support::upstream::builder().hang().start().await
 }
 
+/// JSON lines to `access.log`, the write route giving up on `upstream` after 300 ms.
+fn hanging_config(upstream: std::net::SocketAddr) -> String {
+    config("json", "access.log", upstream).replace(
+        "resource = \"orders\"\n",
+        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
+    )
+}
+
+/// The lines of the access log at `path` once there is one (5 s at most).
+async fn first_lines(path: &Path) -> Vec<String> {
+    let limit = std::time::Instant::now() + Duration::from_secs(5);
+    while lines(path).is_empty() {
+        assert!(std::time::Instant::now() < limit, "no access log line");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    lines(path)
+}
+
 /// A client that hangs up after its request went upstream (here with its body in two
 /// writes) is logged at once as 499, once: not again when the upstream's response timeout
 /// (300 ms here) runs out, nor when the server stops.
 async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
     let dir = tempfile::tempdir().unwrap();
     let up = hanging_upstream().await;
-    let text = config("json", "access.log", up.addr).replace(
-        "resource = \"orders\"\n",
-        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
-    );
+    let text = hanging_config(up.addr);
     let proxy = support::proxy(&text, dir.path()).await;
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     client.set_nodelay(true).unwrap();
@@ -364,15 +379,7 @@ async fn a_client_that_hangs_up_before_its_answer_is_logged_as_499() {
     // Logged when the hang-up is seen, not when the upstream's time runs out or the server
     // stops.
     let path = dir.path().join("access.log");
-    let dropped = std::time::Instant::now();
-    while lines(&path).is_empty() {
-        assert!(
-            dropped.elapsed() < Duration::from_secs(5),
-            "no line for the hang-up"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let got = lines(&path);
+    let got = first_lines(&path).await;
     assert_eq!(got.len(), 1, "{got:#?}");
     let v: Value = serde_json::from_str(&got[0]).unwrap();
     assert_eq!(v["status"], 499);
@@ -423,10 +430,7 @@ async fn scrape(admin: std::net::SocketAddr) -> String {
 async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors() {
     let dir = tempfile::tempdir().unwrap();
     let up = hanging_upstream().await;
-    let text = config("json", "access.log", up.addr).replace(
-        "resource = \"orders\"\n",
-        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
-    );
+    let text = hanging_config(up.addr);
     let path = support::write(dir.path(), "palisade.toml", &text);
     let proxy = support::spawn_proxy(&path).unwrap();
     let admin = proxy.admin.unwrap();
@@ -492,10 +496,7 @@ async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors(
 async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
     let dir = tempfile::tempdir().unwrap();
     let up = hanging_upstream().await;
-    let text = config("json", "access.log", up.addr).replace(
-        "resource = \"orders\"\n",
-        "resource = \"orders\"\nresponse_timeout_ms = 300\n",
-    );
+    let text = hanging_config(up.addr);
     let proxy = support::proxy(&text, dir.path()).await;
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let head = "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
@@ -508,13 +509,7 @@ async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
     let answer = String::from_utf8_lossy(&answer).to_ascii_lowercase();
     assert!(answer.starts_with("http/1.1 400"), "{answer}");
     assert!(answer.contains("connection: close"), "{answer}");
-    let path = dir.path().join("access.log");
-    let limit = std::time::Instant::now() + Duration::from_secs(5);
-    while lines(&path).is_empty() {
-        assert!(std::time::Instant::now() < limit, "no access log line");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let got = lines(&path);
+    let got = first_lines(&dir.path().join("access.log")).await;
     assert_eq!(got.len(), 1, "{got:#?}");
     let v: Value = serde_json::from_str(&got[0]).unwrap();
     assert_eq!(

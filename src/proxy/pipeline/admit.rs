@@ -140,22 +140,9 @@ impl Proxy {
         // the next request on its connection, a request palisade never checked.
         let close_upstream = is_bodiless_method(req.method()) && has_body(req);
         if close_upstream && route.settings.get_bodies == GetBodies::Reject {
-            let why = Rejection::BadRequest(
-                "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused",
-            );
-            let mut resp = self.refuse(
-                route,
-                why,
-                (Outcome::Malformed, None),
-                grpc,
-                peer,
-                started,
-                note,
-            );
             // The unread body must not be parsed as this connection's next request either.
-            resp.headers_mut()
-                .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-            return Err(resp);
+            let why = "a request body on GET, HEAD, OPTIONS, TRACE or CONNECT is refused";
+            return Err(self.refuse_malformed(route, why, None, grpc, peer, started, note));
         }
         // Routing judged the host without a trailing dot; the upstream must see the same.
         let normalized_host = host.trailing_dot.then(|| match host.port {

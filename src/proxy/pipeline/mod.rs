@@ -307,21 +307,9 @@ impl Proxy {
                     .as_ref()
                     .is_some_and(request_body::ClientFailed::is_malformed) =>
             {
-                let why = Rejection::BadRequest("the request body's framing is malformed");
-                let mut refused = self.refuse(
-                    route,
-                    why,
-                    (Outcome::Malformed, token),
-                    grpc,
-                    peer,
-                    started,
-                    note,
-                );
-                // Where the body ends is unknown: nothing more is read from the connection.
-                refused
-                    .headers_mut()
-                    .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
-                refused.map(Either::Right)
+                let why = "the request body's framing is malformed";
+                self.refuse_malformed(route, why, token, grpc, peer, started, note)
+                    .map(Either::Right)
             }
             // The client went away mid-body (or cancelled its call): the upstream failed
             // because of it.

@@ -138,6 +138,35 @@ impl Proxy {
         crate::fence::reject::fence_admitted(mark, grpc.as_ref())
     }
 
+    /// A 400 (`malformed`) after which nothing more is read from the client's connection:
+    /// where the request's body ends is in doubt, or its unread bytes must not be parsed as
+    /// the connection's next request.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn refuse_malformed(
+        &self,
+        route: &Route,
+        why: &'static str,
+        token: Option<u64>,
+        grpc: Option<HeaderValue>,
+        peer: SocketAddr,
+        started: Instant,
+        note: &mut Note<'_>,
+    ) -> Response<Full<Bytes>> {
+        let refused = (Outcome::Malformed, token);
+        let mut resp = self.refuse(
+            route,
+            Rejection::BadRequest(why),
+            refused,
+            grpc,
+            peer,
+            started,
+            note,
+        );
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, HeaderValue::from_static("close"));
+        resp
+    }
+
     /// Refuses a request that matched `route`: logged, counted, answered from the table.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn refuse(
