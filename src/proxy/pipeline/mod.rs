@@ -190,7 +190,7 @@ impl Proxy {
             .map(|on| (on, req.extensions_mut().remove::<ConnCount>()));
         // Only a body can fail on the client's side while the upstream exchange runs.
         let client_failed = (!http_body::Body::is_end_stream(req.body())
-            || req.extensions().get::<peek::Peeked>().is_some())
+            || req.extensions().get::<request::Peeked>().is_some())
         .then(request_body::ClientFailed::default);
         let mut req = prepare(
             req,

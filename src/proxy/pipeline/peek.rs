@@ -6,28 +6,17 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::{header, Request, Version};
 use http_body::Body;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
-use super::request::is_bodiless_method;
+use super::request::{is_bodiless_method, Peeked};
 use crate::proxy::error_chain::error_chain;
 
 /// How long the first frame of such a body may take; after that the request counts as having
 /// a body (a client that sends HEADERS without END_STREAM and then nothing).
 pub(super) const FIRST_FRAME_WAIT: Duration = Duration::from_secs(1);
-
-/// The body's first frame that was not an empty DATA frame, read by [`settle`]: the upstream
-/// body yields it first.
-#[derive(Debug, Clone)]
-pub(super) enum Peeked {
-    Data(Bytes),
-    Trailers(http::HeaderMap),
-    /// The client's stream failed (a reset): the body fails with this.
-    Failed(String),
-}
 
 /// Reads `req`'s first frames when it is an HTTP/2 request on a bodiless method with its
 /// stream still open and no `Content-Length`: up to its end (then its body is ended, as if

@@ -54,11 +54,11 @@ impl<B: Body> RequestView for Request<B> {
     }
 
     fn body_ended(&self) -> bool {
-        self.body().is_end_stream() && self.extensions().get::<super::peek::Peeked>().is_none()
+        self.body().is_end_stream() && self.extensions().get::<Peeked>().is_none()
     }
 
     fn body_length(&self) -> Option<u64> {
-        if self.extensions().get::<super::peek::Peeked>().is_some() {
+        if self.extensions().get::<Peeked>().is_some() {
             return None;
         }
         self.body().size_hint().exact()
@@ -107,6 +107,16 @@ pub(super) fn request_host(req: &impl RequestView) -> Result<HostPort<'_>, &'sta
         (None, None) => return Err("the request names no host (no Host header or authority)"),
     };
     host::parse(raw)
+}
+
+/// The body's first frame that was not an empty DATA frame, read by `peek::settle`: the upstream
+/// body yields it first.
+#[derive(Debug, Clone)]
+pub(super) enum Peeked {
+    Data(bytes::Bytes),
+    Trailers(http::HeaderMap),
+    /// The client's stream failed (a reset): the body fails with this.
+    Failed(String),
 }
 
 /// Methods that carry no body by convention (RFC 9110 9.3): an upstream may never read one.

@@ -9,7 +9,7 @@ use http::HeaderName;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::peek::Peeked;
+use super::request::Peeked;
 use crate::fence::drain::Ticket;
 use crate::fence::flight::{poll_fenced, BodyError, Flight};
 use crate::proxy::error_chain::error_chain;

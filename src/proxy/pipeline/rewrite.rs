@@ -49,7 +49,7 @@ pub(super) fn prepare(req: Request<Incoming>, f: Forward<'_>) -> Request<Request
         .route
         .strip_token
         .then(|| f.head.token_header.clone());
-    let first = parts.extensions.remove::<super::peek::Peeked>();
+    let first = parts.extensions.remove::<super::request::Peeked>();
     // hyper's client sends a GET (HEAD, CONNECT) body of unknown length as no body at all
     // unless the head says chunked: a route that forwards GET bodies says it.
     let chunked = f.head.close
