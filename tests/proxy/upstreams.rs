@@ -892,3 +892,90 @@ enum H2Frame {
     Data(&'static str),
     Trailers(&'static str),
 }
+
+/// An h2c upstream that resets its first `refuse` streams with REFUSED_STREAM and answers the
+/// rest; it records when each stream arrived.
+async fn refusing_h2c_upstream(refuse: usize) -> (SocketAddr, Arc<Mutex<Vec<Instant>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&arrivals);
+    tokio::spawn(async move {
+        while let Ok((sock, _)) = listener.accept().await {
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(sock).await else {
+                    return;
+                };
+                while let Some(Ok((_, mut respond))) = conn.accept().await {
+                    let n = {
+                        let mut seen = seen.lock().unwrap();
+                        seen.push(Instant::now());
+                        seen.len()
+                    };
+                    if n <= refuse {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                    } else if let Ok(mut body) =
+                        respond.send_response(http::Response::new(()), false)
+                    {
+                        let _ = body.send_data(Bytes::from_static(b"served"), true);
+                    }
+                }
+            });
+        }
+    });
+    (addr, arrivals)
+}
+
+/// A read the h2c upstream refuses (REFUSED_STREAM: never processed) is sent again at most
+/// three times: the first resend at once, then after 10 and 20 ms, so that an upstream
+/// refusing streams under load is not hammered. Refused twice, the third send is answered;
+/// refused every time, the client gets 502 after four sends. A write is never sent again.
+#[tokio::test]
+async fn reads_an_h2c_upstream_refuses_are_sent_again_with_a_growing_pause() {
+    for (refuse, sends, status) in [(2, 3, StatusCode::OK), (9, 4, StatusCode::BAD_GATEWAY)] {
+        let (up, arrivals) = refusing_h2c_upstream(refuse).await;
+        let text = config(&format!("url = \"http://{up}\"\nprotocol = \"h2c\""), "");
+        let (p, _dir) = proxy(&text).await;
+        let got = support::send(
+            &support::h2c_client(),
+            http::Method::GET,
+            &p.url("/items"),
+            &[],
+            b"",
+        )
+        .await;
+        assert_eq!(got.status, status, "{}", got.text());
+        let at = arrivals.lock().unwrap().clone();
+        assert_eq!(at.len(), sends, "sends of a refused read");
+        // Pauses only ever run long: the lower bounds hold on a busy machine too.
+        if sends >= 3 {
+            assert!(
+                at[2] - at[1] >= Duration::from_millis(10),
+                "{:?}",
+                at[2] - at[1]
+            );
+        }
+        if sends >= 4 {
+            assert!(
+                at[3] - at[2] >= Duration::from_millis(20),
+                "{:?}",
+                at[3] - at[2]
+            );
+        }
+    }
+    let (up, arrivals) = refusing_h2c_upstream(9).await;
+    let text = config(&format!("url = \"http://{up}\"\nprotocol = \"h2c\""), "");
+    let (p, _dir) = proxy(&text).await;
+    let headers: &[(&str, &[u8])] = &[("x-fencing-token", b"5")];
+    let got = support::send(
+        &support::h2c_client(),
+        http::Method::POST,
+        &p.url("/items"),
+        headers,
+        b"",
+    )
+    .await;
+    assert_eq!(got.status, StatusCode::BAD_GATEWAY, "{}", got.text());
+    assert_eq!(arrivals.lock().unwrap().len(), 1, "a write is sent once");
+}

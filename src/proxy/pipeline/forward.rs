@@ -106,6 +106,19 @@ pub(super) async fn forward(
                             Some(again) if never_processed(&again.method, &e) => {
                                 tracing::debug!(error = %error_chain(&e), "the HTTP/2 upstream did not process the request (GOAWAY or REFUSED_STREAM); sending it again");
                                 sent += 1;
+                                // The first at once (a rotated connection: the next is a new
+                                // one); later ones after a pause that doubles (an upstream
+                                // refusing streams is busy), within the response deadline.
+                                if sent > 1 {
+                                    let pause = RESEND_PAUSE * 2u32.pow(sent - 2);
+                                    let late = deadline.is_some_and(|(at, _)| {
+                                        tokio::time::Instant::now() + pause >= at
+                                    });
+                                    if late {
+                                        return Err(Rejection::UpstreamFailed(error_chain(&e)));
+                                    }
+                                    tokio::time::sleep(pause).await;
+                                }
                                 pending = client.request(again.request());
                             }
                             _ => return Err(Rejection::UpstreamFailed(error_chain(&e))),
@@ -136,6 +149,10 @@ pub(super) async fn forward(
 
 /// How many times a request an HTTP/2 upstream never processed is sent again.
 const MAX_RESENDS: u32 = 3;
+
+/// The pause before the second resend of a request (the first goes at once); it doubles for
+/// each further one.
+const RESEND_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// What it takes to send a bodiless request again: its head.
 struct Again {
