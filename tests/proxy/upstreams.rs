@@ -820,16 +820,27 @@ async fn an_http2_get_ended_by_an_empty_data_frame_has_no_body() {
             .body(())
             .unwrap();
         for f in &frames {
-            if let H2Frame::Trailers(name) = f {
-                req.headers_mut()
-                    .insert(http::header::TRAILER, name.parse().unwrap());
+            match f {
+                H2Frame::Trailers(name) => {
+                    req.headers_mut()
+                        .insert(http::header::TRAILER, name.parse().unwrap());
+                }
+                H2Frame::Header(name, value) => {
+                    req.headers_mut().insert(*name, value.parse().unwrap());
+                }
+                H2Frame::Data(_) => {}
             }
         }
+        let frames: Vec<H2Frame> = frames
+            .into_iter()
+            .filter(|f| !matches!(f, H2Frame::Header(..)))
+            .collect();
         let (response, mut stream) = h2.send_request(req, false).unwrap();
         let last = frames.len() - 1;
         for (i, f) in frames.into_iter().enumerate() {
             match f {
                 H2Frame::Data(d) => stream.send_data(Bytes::from(d), i == last).unwrap(),
+                H2Frame::Header(..) => unreachable!("sent in the head"),
                 H2Frame::Trailers(name) => {
                     let mut t = http::HeaderMap::new();
                     t.insert(name, "1".parse().unwrap());
@@ -839,8 +850,12 @@ async fn an_http2_get_ended_by_an_empty_data_frame_has_no_body() {
         }
         response.await.unwrap().status()
     };
-    use H2Frame::{Data, Trailers};
-    for frames in [vec![Data("")], vec![Data(""), Data(""), Data("")]] {
+    use H2Frame::{Data, Header, Trailers};
+    for frames in [
+        vec![Data("")],
+        vec![Data(""), Data(""), Data("")],
+        vec![Header("content-length", "0"), Data("")],
+    ] {
         assert_eq!(send(p.addr, "/items/1", frames).await, StatusCode::OK);
     }
     let seen = live.log.find(|s| s.path == "/items/1").expect("forwarded");
@@ -887,10 +902,11 @@ async fn an_http2_get_ended_by_an_empty_data_frame_has_no_body() {
     );
 }
 
-/// A frame an HTTP/2 test client sends after HEADERS.
+/// A frame an HTTP/2 test client sends after HEADERS (or a field of the HEADERS themselves).
 enum H2Frame {
     Data(&'static str),
     Trailers(&'static str),
+    Header(&'static str, &'static str),
 }
 
 /// An h2c upstream that resets its first `refuse` streams with REFUSED_STREAM and answers the

@@ -263,6 +263,18 @@ impl Proxy {
                 .refuse(route, why, refused, grpc, peer, started, note)
                 .map(Either::Right);
         }
+        // The client's body could not be parsed: the client is still there to be told (timed
+        // by the refusal).
+        if result.is_err()
+            && client_failed
+                .as_ref()
+                .is_some_and(request_body::ClientFailed::is_malformed)
+        {
+            let why = "the request body's framing is malformed";
+            return self
+                .refuse_malformed(route, why, token, grpc, peer, started, note)
+                .map(Either::Right);
+        }
         m.duration.observe(started.elapsed().as_secs_f64());
         match result {
             Ok((mut resp, held)) => {
@@ -300,16 +312,6 @@ impl Proxy {
                         delivered,
                     }),
                 )
-            }
-            // The client's body could not be parsed: the client is still there to be told.
-            Err(_)
-                if client_failed
-                    .as_ref()
-                    .is_some_and(request_body::ClientFailed::is_malformed) =>
-            {
-                let why = "the request body's framing is malformed";
-                self.refuse_malformed(route, why, token, grpc, peer, started, note)
-                    .map(Either::Right)
             }
             // The client went away mid-body (or cancelled its call): the upstream failed
             // because of it.

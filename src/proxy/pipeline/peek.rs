@@ -19,14 +19,17 @@ use crate::proxy::error_chain::error_chain;
 pub(super) const FIRST_FRAME_WAIT: Duration = Duration::from_secs(1);
 
 /// Reads `req`'s first frames when it is an HTTP/2 request on a bodiless method with its
-/// stream still open and no `Content-Length`: up to its end (then its body is ended, as if
+/// stream still open and no `Content-Length` but 0: up to its end (then its body is ended, as if
 /// HEADERS had said so), its first data, trailers or error (kept in a [`Peeked`] extension:
 /// the request then has a body), or [`FIRST_FRAME_WAIT`] (the same without a frame).
 pub(super) async fn settle(req: &mut Request<Incoming>) {
     if req.version() != Version::HTTP_2
         || !is_bodiless_method(req.method().as_str())
         || req.body().is_end_stream()
-        || req.headers().contains_key(header::CONTENT_LENGTH)
+        || req
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .is_some_and(|v| v.as_bytes() != b"0")
     {
         return;
     }

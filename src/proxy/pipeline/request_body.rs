@@ -65,15 +65,20 @@ impl ClientFailed {
 
 /// Whether a body's error says its bytes could not be parsed (hyper's chunked decoder reports
 /// `InvalidInput`/`InvalidData`), rather than that they stopped coming (`UnexpectedEof`, a
-/// reset, a cancelled stream).
+/// reset, a cancelled stream). TLS reports every failure of the session (a fatal alert from a
+/// client going away included) as `InvalidData` around a rustls error: that is not framing.
 fn malformed(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur = Some(e);
     while let Some(c) = cur {
         if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return matches!(
-                io.kind(),
-                std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
-            );
+            let tls = io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<tokio_rustls::rustls::Error>());
+            return !tls
+                && matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData
+                );
         }
         cur = c.source();
     }
@@ -269,5 +274,29 @@ impl Body for RequestBody {
         self.inner
             .as_ref()
             .map_or_else(|| SizeHint::with_exact(0), Body::size_hint)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::malformed;
+    use std::io::{Error, ErrorKind};
+
+    /// hyper's chunked decoder's errors are framing; a TLS session's failure, an early end or
+    /// a reset are a client gone.
+    #[test]
+    fn framing_errors_are_malformed_tls_failures_and_hang_ups_are_not() {
+        let bad_chunk = Error::new(ErrorKind::InvalidInput, "invalid chunk size line");
+        assert!(malformed(&bad_chunk));
+        let alert = Error::new(
+            ErrorKind::InvalidData,
+            tokio_rustls::rustls::Error::AlertReceived(
+                tokio_rustls::rustls::AlertDescription::DecodeError,
+            ),
+        );
+        assert!(!malformed(&alert));
+        for gone in [ErrorKind::UnexpectedEof, ErrorKind::ConnectionReset] {
+            assert!(!malformed(&Error::new(gone, "x")));
+        }
     }
 }
