@@ -10,7 +10,6 @@ use crate::support;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use palisade::client::provider::etcd::EtcdProvider;
@@ -174,7 +173,7 @@ async fn three_permits_eight_sigstopped_contenders_never_exceed_three_and_zombie
     let dir = tempfile::tempdir().unwrap();
     let path = support::write(dir.path(), "palisade.toml", &config(up.addr));
     let proxy = support::spawn_proxy(&path).unwrap_or_else(|e| panic!("proxy: {e:?}"));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
     let mut contenders = Vec::new();
     for i in 0..8 {
         let args = format!("{} {} {}", etcd.endpoint(), proxy.addr, RUN.as_secs());
@@ -188,26 +187,11 @@ async fn three_permits_eight_sigstopped_contenders_never_exceed_three_and_zombie
     }
     drop(tx);
     // Who holds what now, as the children report it: the stopper picks holders from it.
-    let holding: Arc<Mutex<HashMap<usize, u64>>> = Arc::default();
-    let lines: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
-    let reader = {
-        let (holding, lines) = (holding.clone(), lines.clone());
-        tokio::spawn(async move {
-            while let Some((i, l)) = rx.recv().await {
-                let w: Vec<&str> = l.split(' ').collect();
-                match w[0] {
-                    "acquired" => {
-                        holding.lock().unwrap().insert(i, w[2].parse().unwrap());
-                    }
-                    "released" | "refused" => {
-                        holding.lock().unwrap().remove(&i);
-                    }
-                    _ => {}
-                }
-                lines.lock().unwrap().push((i, l));
-            }
-        })
-    };
+    let support::Reports {
+        holding,
+        lines,
+        reader,
+    } = support::reports(rx, 2, &["released", "refused"]);
     // Four rounds: SIGSTOP one holder and one other contender past the TTL, then SIGCONT.
     let started = Instant::now();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);

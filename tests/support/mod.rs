@@ -123,6 +123,51 @@ pub fn child_test(
     child
 }
 
+/// What child processes report through [`child_test`]: every line with its child's index,
+/// and who holds what now, as the lines say.
+pub struct Reports {
+    /// Child -> the token it holds.
+    pub holding: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<usize, u64>>>,
+    pub lines: std::sync::Arc<std::sync::Mutex<Vec<(usize, String)>>>,
+    /// Ends when every child's output has ended.
+    pub reader: tokio::task::JoinHandle<()>,
+}
+
+/// Follows `rx`: a line `acquired ...` makes its child hold the token in word `token_at`, a
+/// line whose first word is in `ends` makes it hold nothing.
+pub fn reports(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(usize, String)>,
+    token_at: usize,
+    ends: &'static [&'static str],
+) -> Reports {
+    let (holding, lines) = (
+        std::sync::Arc::<std::sync::Mutex<std::collections::HashMap<usize, u64>>>::default(),
+        std::sync::Arc::<std::sync::Mutex<Vec<(usize, String)>>>::default(),
+    );
+    let reader = tokio::spawn({
+        let (holding, lines) = (holding.clone(), lines.clone());
+        async move {
+            while let Some((i, l)) = rx.recv().await {
+                let w: Vec<&str> = l.split(' ').collect();
+                if w[0] == "acquired" {
+                    holding
+                        .lock()
+                        .unwrap()
+                        .insert(i, w[token_at].parse().unwrap());
+                } else if ends.contains(&w[0]) {
+                    holding.lock().unwrap().remove(&i);
+                }
+                lines.lock().unwrap().push((i, l));
+            }
+        }
+    });
+    Reports {
+        holding,
+        lines,
+        reader,
+    }
+}
+
 /// Substitutes `{upstream}` and `{marks}` in a config template.
 pub fn render(template: &str, upstream: SocketAddr, marks: &Path) -> String {
     template

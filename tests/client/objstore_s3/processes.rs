@@ -6,11 +6,9 @@
 //! write to is the `palisade` proxy (memory marks) in front of a recording upstream: what
 //! reaches the upstream is the record of the tokens accepted.
 
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::{Child, Command};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use palisade::client::objstore::Elector;
@@ -175,7 +173,7 @@ async fn five_candidate_processes_with_sigstopped_leaders_never_act_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let path = support::write(dir.path(), "palisade.toml", &proxy_config(up.addr));
     let proxy = support::spawn_proxy(&path).unwrap_or_else(|e| panic!("proxy: {e:?}"));
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
     let mut candidates = Vec::new();
     for i in 0..5 {
         let args = format!(
@@ -194,26 +192,11 @@ async fn five_candidate_processes_with_sigstopped_leaders_never_act_at_once() {
     }
     drop(tx);
     // Who leads now, as the children report it: the stopper picks the leader from it.
-    let holding: Arc<Mutex<HashMap<usize, u64>>> = Arc::default();
-    let lines: Arc<Mutex<Vec<(usize, String)>>> = Arc::default();
-    let reader = {
-        let (holding, lines) = (holding.clone(), lines.clone());
-        tokio::spawn(async move {
-            while let Some((i, l)) = rx.recv().await {
-                let w: Vec<&str> = l.split(' ').collect();
-                match w[0] {
-                    "acquired" => {
-                        holding.lock().unwrap().insert(i, w[1].parse().unwrap());
-                    }
-                    "ended" => {
-                        holding.lock().unwrap().remove(&i);
-                    }
-                    _ => {}
-                }
-                lines.lock().unwrap().push((i, l));
-            }
-        })
-    };
+    let support::Reports {
+        holding,
+        lines,
+        reader,
+    } = support::reports(rx, 1, &["ended"]);
     let started = Instant::now();
     let mut rng = Rng(0x2545_F491_4F6C_DD1D);
     let mut stops = Vec::new();
