@@ -37,27 +37,51 @@ use crate::token::FencingToken;
 /// One fenced resource: its mark and the lock that serializes its advances.
 #[derive(Debug)]
 pub struct Resource {
+    /// Also its key in the resource table (one copy of the name).
     name: Arc<str>,
     mark: Watermark,
     advancing: tokio::sync::Mutex<()>,
     drain: Drain,
-    /// Made on first use: only stores confirmed per admission use it.
-    confirm: std::sync::OnceLock<Arc<Coalescer>>,
-    /// What it knows of the lock that feeds it, made on first use (most resources have no
-    /// lock: they pay one pointer for it).
-    fed: std::sync::OnceLock<Box<Fed>>,
-    /// Shared by the entities of one template.
-    metrics: Arc<MarkMetrics>,
-    /// Other names this resource answers to since a reload carried its mark over to them
-    /// (see [`Admission::carry`]): every advance persists the mark under each of them too.
-    aliases: std::sync::Mutex<Vec<String>>,
+    /// What only some resources use, made on first use (a pointer for the others): the
+    /// confirmation round, the lock that feeds it, the names a reload gave it.
+    rare: std::sync::OnceLock<Box<Rare>>,
+    /// Shared by the entities of one template (a fixed resource has its own).
+    shared: Arc<Shared>,
     /// Used since the entity cache last looked (entities of templates only).
     touched: entities::Touched,
     /// A fixed resource of a route (or one a reload aliased): never evicted, even when its
     /// name is also an entity of a template.
     pinned: std::sync::atomic::AtomicBool,
-    /// The stored-marks budget of its template (entities only): taken by its first advance.
+}
+
+/// What the entities of one template share: kept once, not in each of millions.
+#[derive(Debug)]
+struct Shared {
+    metrics: MarkMetrics,
+    /// The template's stored-marks budget (entities of a route with `max_marks` only), set
+    /// at the first use of one of them.
     quota: std::sync::OnceLock<Arc<entities::Quota>>,
+}
+
+impl Shared {
+    fn new(metrics: MarkMetrics) -> Arc<Self> {
+        Arc::new(Self {
+            metrics,
+            quota: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+/// The parts of a resource that only some resources use (see [`Resource::rare`]).
+#[derive(Debug, Default)]
+struct Rare {
+    /// Only stores confirmed per admission use it.
+    confirm: std::sync::OnceLock<Arc<Coalescer>>,
+    /// What it knows of the lock that feeds it (a route's `lock`).
+    fed: Fed,
+    /// Other names this resource answers to since a reload carried its mark over to them
+    /// (see [`Admission::carry`]): every advance persists the mark under each of them too.
+    aliases: std::sync::Mutex<Vec<String>>,
 }
 
 impl Resource {
@@ -92,8 +116,28 @@ struct Fed {
 }
 
 impl Resource {
+    fn rare(&self) -> &Rare {
+        self.rare.get_or_init(Box::default)
+    }
+
     fn fed(&self) -> &Fed {
-        self.fed.get_or_init(Box::default)
+        &self.rare().fed
+    }
+
+    /// What it knows of its feeding lock, if it ever looked.
+    fn fed_if_any(&self) -> Option<&Fed> {
+        self.rare.get().map(|r| &r.fed)
+    }
+
+    /// The names a reload gave it besides its own.
+    fn aliases(&self) -> Vec<String> {
+        self.rare.get().map_or_else(Vec::new, |r| {
+            r.aliases.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        })
+    }
+
+    fn metrics(&self) -> &MarkMetrics {
+        &self.shared.metrics
     }
 }
 
@@ -109,31 +153,27 @@ struct EpochSeen {
 }
 
 /// Every known resource by name (hashed: entities of templates can be millions, and the hot
-/// path looks one up per request).
-type Resources = std::collections::HashMap<String, Arc<Resource>>;
+/// path looks one up per request). A resource's key is its own name, shared; an alias's is
+/// the alias.
+type Resources = std::collections::HashMap<Arc<str>, Arc<Resource>>;
 
 impl Resource {
     fn new(name: &str, initial: u64, metrics: &Metrics) -> Arc<Self> {
-        Self::with_metrics(
+        Self::with_shared(
             name,
             initial,
-            Arc::new(metrics.mark(name)),
+            Shared::new(metrics.mark(name)),
             Drain::new(initial),
         )
     }
 
-    /// An entity of a template: its template's metrics, a one-shard drain.
-    fn entity(name: &str, initial: u64, metrics: Arc<MarkMetrics>) -> Arc<Self> {
-        Self::with_metrics(name, initial, metrics, Drain::single(initial))
+    /// An entity of a template: what its template's entities share, a one-count drain.
+    fn entity(name: &str, initial: u64, shared: Arc<Shared>) -> Arc<Self> {
+        Self::with_shared(name, initial, shared, Drain::single(initial))
     }
 
-    fn with_metrics(
-        name: &str,
-        initial: u64,
-        metrics: Arc<MarkMetrics>,
-        drain: Drain,
-    ) -> Arc<Self> {
-        if let Some(g) = &metrics.mark {
+    fn with_shared(name: &str, initial: u64, shared: Arc<Shared>, drain: Drain) -> Arc<Self> {
+        if let Some(g) = &shared.metrics.mark {
             g.set(initial as i64);
         }
         Arc::new(Resource {
@@ -141,14 +181,16 @@ impl Resource {
             mark: Watermark::new(initial),
             advancing: tokio::sync::Mutex::new(()),
             drain,
-            confirm: std::sync::OnceLock::new(),
-            fed: std::sync::OnceLock::new(),
-            metrics,
-            aliases: std::sync::Mutex::default(),
+            rare: std::sync::OnceLock::new(),
+            shared,
             touched: entities::Touched::default(),
             pinned: std::sync::atomic::AtomicBool::new(false),
-            quota: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Its entry in the resource table.
+    fn entry(self: Arc<Self>) -> (Arc<str>, Arc<Self>) {
+        (Arc::clone(&self.name), self)
     }
 }
 
@@ -274,7 +316,7 @@ impl Admission {
             .map(|name| {
                 let name = name.as_ref();
                 let initial = loaded.get(name).copied().unwrap_or(0);
-                (name.to_owned(), Resource::new(name, initial, metrics))
+                Resource::new(name, initial, metrics).entry()
             })
             .collect();
         let resources = Arc::new(RwLock::new(resources));
@@ -284,7 +326,7 @@ impl Admission {
             let resources = Arc::clone(&resources);
             tokio::spawn(async move {
                 while let Some((name, mark)) = rx.recv().await {
-                    let res = read(&resources).get(&name).cloned();
+                    let res = read(&resources).get(name.as_str()).cloned();
                     if let Some(res) = res.filter(|r| mark > r.mark()) {
                         learn(res, mark).await;
                     }
@@ -317,7 +359,7 @@ impl Admission {
     pub fn marks(&self) -> Marks {
         read(&self.resources)
             .iter()
-            .map(|(k, r)| (k.clone(), r.mark()))
+            .map(|(k, r)| (k.to_string(), r.mark()))
             .collect()
     }
 
@@ -326,7 +368,7 @@ impl Admission {
     pub fn drains_in_progress(&self) -> Vec<(String, u64)> {
         let mut out: Vec<(String, u64)> = read(&self.resources)
             .iter()
-            .filter_map(|(name, r)| Some((name.clone(), r.draining()?)))
+            .filter_map(|(name, r)| Some((name.to_string(), r.draining()?)))
             .collect();
         out.sort_unstable();
         out
@@ -489,6 +531,7 @@ impl Admission {
     ) -> Result<(), Refused> {
         let m = self.confirm_metrics.clone();
         let read = resource
+            .rare()
             .confirm
             .get_or_init(Arc::default)
             .confirm(&self.store, &resource.name, epoch, move |took, failed| {

@@ -69,7 +69,7 @@ mod ticket;
 mod watch;
 
 pub use self::ticket::{AbortSignal, AbortWait, Ticket};
-use self::ticket::{CohortCount, Shard, SHARDS};
+use self::ticket::{CohortCount, Counter, Shard, SHARDS};
 pub use self::watch::AbortWatch;
 
 /// After an abort, how long the aborted requests get to notice it and end.
@@ -79,31 +79,113 @@ pub const ABORT_GRACE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct Generation {
     token: u64,
+    /// The weight in flight of a one-shard cohort ([`Drain::single`]), counted here rather
+    /// than in a shard of its own; 0 in a sharded cohort.
+    count: AtomicU64,
     /// Set once the previous generation has drained (or was aborted).
     ready: AtomicBool,
     /// Set once a newer generation replaced this one: leaving then wakes the drainer.
     superseded: AtomicBool,
+    aborted: AtomicBool,
+    /// Made by the first task that has to wait on this generation and let go with the
+    /// last: most generations (every idle entity's) have nobody waiting and pay 16 bytes.
+    waiters: std::sync::Mutex<Option<Arc<Waiters>>>,
+}
+
+/// The wake-ups of a generation (see [`Generation::waiters`] for why a waiter that makes
+/// them and a signal that finds none never miss each other).
+#[derive(Debug, Default)]
+struct Waiters {
     /// Wakes those waiting for `ready` and the drainer waiting for this generation to empty:
     /// one `Notify` for both, since a generation is waited on for the one (requests admitted
     /// under it, before it is ready) and then the other (after it is superseded, when it is
     /// ready), and every waiter checks its own condition again when woken.
     changed: Notify,
-    aborted: AtomicBool,
-    abort_notify: Notify,
+    abort: Notify,
     /// Tasks registered through [`AbortWatch`]: woken by the abort too.
     watchers: watch::Watchers,
+}
+
+/// A waiter's hold on a generation's wake-ups; dropping it lets them go once nobody else
+/// holds them.
+struct Held<'g> {
+    generation: &'g Generation,
+    waiters: Option<Arc<Waiters>>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Waiters;
+    fn deref(&self) -> &Waiters {
+        self.waiters.as_deref().expect("held until dropped")
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(w) = self.waiters.take() {
+            self.generation.let_go(w);
+        }
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Generation {
     fn new(token: u64, ready: bool) -> Self {
         Self {
             token,
+            count: AtomicU64::new(0),
             ready: AtomicBool::new(ready),
             superseded: AtomicBool::new(false),
-            changed: Notify::new(),
             aborted: AtomicBool::new(false),
-            abort_notify: Notify::new(),
-            watchers: watch::Watchers::default(),
+            waiters: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The wake-ups, made if nobody holds them; take them before registering (a `Notified`
+    /// or a watcher) and then reading the condition waited for.
+    ///
+    /// Why nothing is missed: a signal stores its condition (`SeqCst`) and then looks for
+    /// the wake-ups under the same lock. If it found none, the waiter's lock came after the
+    /// signal's, so the waiter reads the condition set. If it found them, it wakes every
+    /// `Notified` made before its `notify_waiters` and every registered watcher, and a
+    /// waiter that registers after that reads the condition set (both `SeqCst`, as before
+    /// this lock).
+    fn waiters(&self) -> Arc<Waiters> {
+        Arc::clone(lock(&self.waiters).get_or_insert_with(Arc::default))
+    }
+
+    fn hold(&self) -> Held<'_> {
+        Held {
+            generation: self,
+            waiters: Some(self.waiters()),
+        }
+    }
+
+    /// Gives back what [`Generation::waiters`] returned: the wake-ups go when nobody holds
+    /// them and no watcher is registered.
+    fn let_go(&self, held: Arc<Waiters>) {
+        let mut slot = lock(&self.waiters);
+        drop(held);
+        if slot
+            .as_ref()
+            .is_some_and(|w| Arc::strong_count(w) == 1 && w.watchers.is_empty())
+        {
+            *slot = None;
+        }
+    }
+
+    /// The wake-ups if someone waits; call after storing the condition that wakes.
+    fn signal(&self) -> Option<Arc<Waiters>> {
+        lock(&self.waiters).clone()
+    }
+
+    /// Wakes whoever waits for `ready` or for this generation to empty.
+    fn notify_changed(&self) {
+        if let Some(w) = self.signal() {
+            w.changed.notify_waiters();
         }
     }
 
@@ -112,10 +194,23 @@ impl Generation {
         self.aborted.load(SeqCst)
     }
 
+    /// Aborts this generation's requests: the flag, then every wake-up of its abort.
+    fn abort(&self) {
+        self.aborted.store(true, SeqCst);
+        if let Some(w) = self.signal() {
+            w.abort.notify_waiters();
+            w.watchers.wake_all();
+        }
+    }
+
     /// Resolves once this generation's requests are aborted.
     pub async fn aborted(&self) {
+        if self.is_aborted() {
+            return;
+        }
+        let waiters = self.hold();
         loop {
-            let n = self.abort_notify.notified();
+            let n = waiters.abort.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             if self.is_aborted() {
@@ -126,8 +221,12 @@ impl Generation {
     }
 
     async fn wait_ready(&self) {
+        if self.ready.load(SeqCst) {
+            return;
+        }
+        let waiters = self.hold();
         loop {
-            let n = self.changed.notified();
+            let n = waiters.changed.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             if self.ready.load(SeqCst) {
@@ -139,11 +238,12 @@ impl Generation {
 }
 
 /// The requests admitted under one mark: their [`Generation`] and their count, spread over
-/// shards so that threads admitting equal tokens do not contend on one cache line.
+/// shards so that threads admitting equal tokens do not contend on one cache line, or kept
+/// in the generation itself for a one-shard drain ([`Drain::single`]).
 #[derive(Debug)]
 pub struct Cohort {
     generation: Arc<Generation>,
-    /// [`SHARDS`] of them, or one (see [`Drain::single`]); a power of two.
+    /// [`SHARDS`] of them (a power of two), or none: the count is the generation's.
     shards: Box<[Arc<Shard>]>,
 }
 
@@ -158,9 +258,13 @@ impl Cohort {
         }
     }
 
-    /// The shard the calling thread counts in.
-    fn shard(&self) -> &Arc<Shard> {
-        &self.shards[ticket::shard_index() & (self.shards.len() - 1)]
+    /// The counter the calling thread counts in (a new reference to it).
+    fn counter(&self) -> Counter {
+        if self.shards.is_empty() {
+            return Counter::Lone(Arc::clone(&self.generation));
+        }
+        let shard = &self.shards[ticket::shard_index() & (self.shards.len() - 1)];
+        Counter::Shard(Arc::clone(shard))
     }
 
     /// The generation of these requests.
@@ -171,14 +275,19 @@ impl Cohort {
     /// The weight in flight ([`ticket::requests`] turns it into requests); a snapshot (see
     /// the module docs for why a zero read after `superseded` is set is final).
     fn in_flight(&self) -> u64 {
-        self.shards.iter().map(|s| s.in_flight()).sum()
+        self.generation.count.load(SeqCst) + self.shards.iter().map(|s| s.in_flight()).sum::<u64>()
     }
 
     /// Waits until no request of this cohort is in flight, or `deadline`; true if drained.
     async fn wait_drained(&self, deadline: Instant) -> bool {
+        // Most advances find nothing in flight: they make no wake-ups.
+        if self.in_flight() == 0 {
+            return true;
+        }
+        let waiters = self.generation.hold();
         loop {
             // Created (and so reachable by `notify_waiters`) before the sum: see the module docs.
-            let n = self.generation.changed.notified();
+            let n = waiters.changed.notified();
             tokio::pin!(n);
             n.as_mut().enable();
             if self.in_flight() == 0 {
@@ -231,14 +340,15 @@ impl Drain {
         Self::with_shards(mark, SHARDS)
     }
 
-    /// The same with one shard: a tenth of the memory, for the many entities of a resource
-    /// template (each seldom admitted by two threads at the same moment).
+    /// The same with one count, kept in the generation (no shards): a fraction of the
+    /// memory, for the many entities of a resource template (each seldom admitted by two
+    /// threads at the same moment). Its requests skip the threads' caches.
     pub fn single(mark: u64) -> Self {
-        Self::with_shards(mark, 1)
+        Self::with_shards(mark, 0)
     }
 
     fn with_shards(mark: u64, shards: usize) -> Self {
-        debug_assert!(shards.is_power_of_two());
+        debug_assert!(shards == 0 || shards.is_power_of_two());
         // Relaxed: only uniqueness matters.
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
@@ -262,38 +372,40 @@ impl Drain {
     }
 
     /// Enters the current generation with `token`, which the caller found equal to the mark.
-    // Always inlined, the thread's cached shard first: see `enter_shard` for why an `Entry`
+    // Always inlined, the thread's cached shard first: see `enter_counter` for why an `Entry`
     // must not be returned through memory on the hot path.
     #[inline(always)]
     pub fn enter(&self, token: u64) -> Entry {
         if let Some(shard) = ticket::cached(self.id) {
-            if let Some(entry) = Self::enter_shard(shard, token) {
+            if let Some(entry) = Self::enter_counter(Counter::Shard(shard), token) {
                 return entry;
             }
         }
         self.enter_uncached(token)
     }
 
-    /// This thread's first request, or its cached cohort is older or superseded.
+    /// This thread's first request, or its cached cohort is older or superseded, or a
+    /// one-count drain (never cached).
     #[cold]
     #[inline(never)]
     fn enter_uncached(&self, token: u64) -> Entry {
-        let current = self.current.load();
-        let shard = Arc::clone(current.shard());
-        ticket::cache(self.id, &shard);
+        let counter = self.current.load().counter();
+        if let Counter::Shard(shard) = &counter {
+            ticket::cache(self.id, shard);
+        }
         // `None` here: the current cohort is older than the mark (cannot happen, cohorts are
         // installed before the mark is published) or was superseded meanwhile. Judging again
         // is always safe.
-        Self::enter_shard(shard, token).unwrap_or(Entry::Retry)
+        Self::enter_counter(counter, token).unwrap_or(Entry::Retry)
     }
 
-    /// Counts a request in `shard` (see the module docs); `None` when the shard's cohort is
-    /// older than `token` or superseded.
+    /// Counts a request in `counter` (see the module docs); `None` when its cohort is older
+    /// than `token` or superseded.
     // Always inlined: returned through memory, an `Entry` costs a failed store-to-load forward
     // right after the count's locked instruction (measured: about 7 ns of the path's 23).
     #[inline(always)]
-    fn enter_shard(shard: Arc<Shard>, token: u64) -> Option<Entry> {
-        let mark = shard.generation().token;
+    fn enter_counter(counter: Counter, token: u64) -> Option<Entry> {
+        let mark = counter.generation().token;
         if mark > token {
             return Some(Entry::Stale { mark });
         }
@@ -301,7 +413,7 @@ impl Drain {
             return None;
         }
         // The count, then `superseded`: the request's half of the store-buffer pattern.
-        let counted = CohortCount::take(shard);
+        let counted = CohortCount::take(counter);
         let g = counted.generation();
         if g.superseded.load(SeqCst) {
             return None;
@@ -325,7 +437,7 @@ impl Drain {
     pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
         let shards = self.current.load().shards.len();
         let next = Arc::new(Cohort::new(token, false, shards));
-        let counted = CohortCount::take(Arc::clone(next.shard()));
+        let counted = CohortCount::take(next.counter());
         let old = self.current.swap(next);
         // `superseded`, then the count (read by `finish`): the advance's half of the
         // store-buffer pattern.
@@ -340,10 +452,7 @@ impl Drain {
         let mut aborted = 0;
         if !old.wait_drained(started + timeout).await {
             aborted = ticket::requests(old.in_flight());
-            let g = &old.generation;
-            g.aborted.store(true, SeqCst);
-            g.abort_notify.notify_waiters();
-            g.watchers.wake_all();
+            old.generation.abort();
             if !old.wait_drained(Instant::now() + ABORT_GRACE).await {
                 tracing::error!(
                     left = ticket::requests(old.in_flight()),
@@ -354,7 +463,7 @@ impl Drain {
         }
         let g = ticket.generation();
         g.ready.store(true, SeqCst);
-        g.changed.notify_waiters();
+        g.notify_changed();
         Drained {
             waited: started.elapsed(),
             aborted,

@@ -28,7 +28,7 @@ pub(super) async fn advance(
         Verdict::Advance { from } => from,
     };
     // A new entity's first mark adds one to what its template stores: within its budget.
-    let quota = res.quota.get().filter(|_| from == 0);
+    let quota = res.shared.quota.get().filter(|_| from == 0);
     if let Some(q) = quota {
         if !q.take() {
             return Err(Refused::Full {
@@ -49,11 +49,7 @@ pub(super) async fn advance(
     metrics.duration.observe(started.elapsed().as_secs_f64());
     // The names a reload gave this resource are persisted too (what a restart loads them
     // from), before the mark is published.
-    let aliases: Vec<String> = res
-        .aliases
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let aliases = res.aliases();
     let persisted = match persisted {
         Ok(stored) => {
             let mut all = Ok(stored);
@@ -96,18 +92,18 @@ pub(super) async fn advance(
     // under the new mark can be counted in the old generation.
     let (ticket, old) = res.drain.install(token.get());
     let now = res.mark.publish(token);
-    if let Some(g) = &res.metrics.mark {
+    if let Some(g) = &res.metrics().mark {
         g.set(now as i64);
     }
-    res.metrics.advances.inc();
+    res.metrics().advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced");
     let drained = res.drain.finish(&ticket, &old, drain_timeout).await;
-    res.metrics
+    res.metrics()
         .drain_duration
         .observe(drained.waited.as_secs_f64());
     if drained.aborted > 0 {
-        res.metrics.drain_timeouts.inc();
-        res.metrics.drain_aborted.inc_by(drained.aborted);
+        res.metrics().drain_timeouts.inc();
+        res.metrics().drain_aborted.inc_by(drained.aborted);
         tracing::warn!(
             resource = %res.name,
             mark = now,
@@ -141,16 +137,16 @@ async fn publish_learned(res: &Resource, mark: u64) {
     };
     let (ticket, old) = res.drain.install(mark);
     let now = res.mark.publish(token);
-    if let Some(g) = &res.metrics.mark {
+    if let Some(g) = &res.metrics().mark {
         g.set(now as i64);
     }
-    res.metrics.advances.inc();
+    res.metrics().advances.inc();
     tracing::info!(resource = %res.name, from, to = now, "mark advanced by another replica");
     let drained = res.drain.finish(&ticket, &old, Duration::ZERO).await;
     drop(ticket);
     if drained.aborted > 0 {
-        res.metrics.drain_timeouts.inc();
-        res.metrics.drain_aborted.inc_by(drained.aborted);
+        res.metrics().drain_timeouts.inc();
+        res.metrics().drain_aborted.inc_by(drained.aborted);
         tracing::warn!(
             resource = %res.name,
             mark = now,

@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 
-use super::{Admission, Resource};
+use super::{Admission, Resource, Shared};
 use crate::fence::marks::StoreError;
 
 /// Default `[marks] max_cached`: entities kept in memory.
@@ -29,8 +29,8 @@ pub(super) struct Entities {
     loading: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The stored-marks budget of each template, counted from the store at first use.
     quotas: tokio::sync::Mutex<HashMap<String, Arc<Quota>>>,
-    /// Each template's metrics, shared by its entities.
-    metrics: Mutex<HashMap<String, Arc<crate::fence::metrics::MarkMetrics>>>,
+    /// What each template's entities share.
+    shared: Mutex<HashMap<String, Arc<Shared>>>,
     /// Loads from the store and evictions, for metrics and tests.
     pub(super) loaded: AtomicUsize,
     pub(super) evicted: AtomicUsize,
@@ -44,7 +44,7 @@ impl Default for Entities {
             queue: Mutex::default(),
             loading: Mutex::default(),
             quotas: tokio::sync::Mutex::default(),
-            metrics: Mutex::default(),
+            shared: Mutex::default(),
             loaded: AtomicUsize::new(0),
             evicted: AtomicUsize::new(0),
         }
@@ -139,19 +139,19 @@ impl Touched {
 }
 
 impl Entities {
-    /// The metrics the entities of `template` share.
-    pub(super) fn metrics_of(
+    /// What the entities of `template` share.
+    pub(super) fn shared_of(
         &self,
         template: &str,
         metrics: &crate::fence::metrics::Metrics,
-    ) -> Arc<crate::fence::metrics::MarkMetrics> {
-        let mut all = lock(&self.metrics);
-        if let Some(m) = all.get(template) {
-            return Arc::clone(m);
+    ) -> Arc<Shared> {
+        let mut all = lock(&self.shared);
+        if let Some(s) = all.get(template) {
+            return Arc::clone(s);
         }
-        let m = Arc::new(metrics.keyed_mark(template));
-        all.insert(template.to_owned(), Arc::clone(&m));
-        m
+        let s = Shared::new(metrics.keyed_mark(template));
+        all.insert(template.to_owned(), Arc::clone(&s));
+        s
     }
 
     /// Registers an entity just inserted in the resource table.
@@ -209,11 +209,11 @@ impl Admission {
         }
         let entity = self.entity_inner(name, template.as_str()).await?;
         if let Some(limit) = max_marks {
-            match entity.quota.get() {
+            match entity.shared.quota.get() {
                 Some(q) => q.set_limit(limit),
                 None => {
                     let q = self.quota(template, limit).await?;
-                    let _ = entity.quota.set(q);
+                    let _ = entity.shared.quota.set(q);
                 }
             }
         }
@@ -225,7 +225,7 @@ impl Admission {
     pub fn entity_cached(&self, name: &str, max_marks: Option<u64>) -> Option<Arc<Resource>> {
         let entity = self.resource(name)?;
         if let Some(limit) = max_marks {
-            entity.quota.get()?.set_limit(limit);
+            entity.shared.quota.get()?.set_limit(limit);
         }
         Some(entity)
     }

@@ -76,8 +76,7 @@ impl Followed {
     /// Whether `resource` may be judged on its local mark now.
     pub(super) fn is_fresh(&self, resource: &Resource) -> bool {
         resource
-            .fed
-            .get()
+            .fed_if_any()
             .is_some_and(|f| f.fresh.load(Ordering::Acquire) == self.generation() + 1)
     }
 
@@ -161,7 +160,7 @@ async fn deliver(
         }
         for r in f.resources(&key) {
             if revision == 0 {
-                if let Some(f) = r.fed.get() {
+                if let Some(f) = r.fed_if_any() {
                     f.fresh.store(0, Ordering::Release);
                 }
             } else if revision > r.mark() {

@@ -108,28 +108,31 @@ impl Admission {
                 }
             }
             for (name, initial) in loaded {
-                map.entry(name).or_insert_with_key(|name| {
-                    opened.push(name.clone());
-                    match template {
-                        None => {
-                            let r = Resource::new(name, initial, &self.metrics);
-                            r.pinned.store(true, std::sync::atomic::Ordering::Relaxed);
-                            r
-                        }
-                        Some(t) => {
-                            let r = Resource::entity(
-                                name,
-                                initial,
-                                self.entities.metrics_of(t, &self.metrics),
-                            );
-                            // In the cache from the insert on (a caller dropped half-way must
-                            // not leave it unevictable), with a second chance to be used.
-                            r.touched.touch();
-                            self.entities.admitted(&r, &self.metrics);
-                            r
-                        }
+                if map.contains_key(name.as_str()) {
+                    continue;
+                }
+                let r = match template {
+                    None => {
+                        let r = Resource::new(&name, initial, &self.metrics);
+                        r.pinned.store(true, std::sync::atomic::Ordering::Relaxed);
+                        r
                     }
-                });
+                    Some(t) => {
+                        let r = Resource::entity(
+                            &name,
+                            initial,
+                            self.entities.shared_of(t, &self.metrics),
+                        );
+                        // In the cache from the insert on (a caller dropped half-way must
+                        // not leave it unevictable), with a second chance to be used.
+                        r.touched.touch();
+                        self.entities.admitted(&r, &self.metrics);
+                        r
+                    }
+                };
+                let (key, r) = r.entry();
+                map.insert(key, r);
+                opened.push(name);
             }
         }
         if !local {
@@ -235,7 +238,11 @@ impl Admission {
         };
         {
             let _serialized = source.advancing.lock().await;
-            let mut aliases = source.aliases.lock().unwrap_or_else(|e| e.into_inner());
+            let mut aliases = source
+                .rare()
+                .aliases
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             if !aliases.iter().any(|a| a == to) {
                 aliases.push(to.to_owned());
             }
@@ -256,8 +263,7 @@ impl Admission {
             source
                 .pinned
                 .store(true, std::sync::atomic::Ordering::Relaxed);
-            map.entry(to.to_owned())
-                .or_insert_with(|| Arc::clone(&source));
+            map.entry(to.into()).or_insert_with(|| Arc::clone(&source));
         }
         Ok(source.mark())
     }

@@ -35,10 +35,6 @@ impl Shard {
         }
     }
 
-    pub(super) fn generation(&self) -> &Arc<Generation> {
-        &self.generation
-    }
-
     /// The weight in flight (see [`requests`] for a count of requests). `SeqCst`: the
     /// advance's half of the store-buffer pattern reads these after `superseded`.
     pub(super) fn in_flight(&self) -> u64 {
@@ -128,37 +124,70 @@ pub(super) fn cache(id: u64, shard: &Arc<Shard>) {
     });
 }
 
-/// One request's weight in a shard, given back when dropped.
+/// Where a request's weight is counted: a shard of its cohort, or the generation of a
+/// one-count cohort (a new reference to either: the counter outlives the request).
+#[derive(Debug)]
+pub(super) enum Counter {
+    Shard(Arc<Shard>),
+    Lone(Arc<Generation>),
+}
+
+impl Counter {
+    #[inline(always)]
+    fn count(&self) -> &AtomicU64 {
+        match self {
+            Counter::Shard(s) => &s.count,
+            Counter::Lone(g) => &g.count,
+        }
+    }
+
+    #[inline(always)]
+    pub(super) fn generation(&self) -> &Arc<Generation> {
+        match self {
+            Counter::Shard(s) => &s.generation,
+            Counter::Lone(g) => g,
+        }
+    }
+
+    fn clone_ref(&self) -> Self {
+        match self {
+            Counter::Shard(s) => Counter::Shard(Arc::clone(s)),
+            Counter::Lone(g) => Counter::Lone(Arc::clone(g)),
+        }
+    }
+}
+
+/// One request's weight in a counter, given back when dropped.
 #[derive(Debug)]
 pub(super) struct CohortCount {
-    shard: Arc<Shard>,
+    counter: Counter,
     weight: u64,
 }
 
 impl CohortCount {
-    /// Counts a whole request in `shard` (`SeqCst`: the request's half of the store-buffer
+    /// Counts a whole request in `counter` (`SeqCst`: the request's half of the store-buffer
     /// pattern).
     #[inline(always)]
-    pub(super) fn take(shard: Arc<Shard>) -> Self {
-        shard.count.fetch_add(WHOLE, SeqCst);
+    pub(super) fn take(counter: Counter) -> Self {
+        counter.count().fetch_add(WHOLE, SeqCst);
         Self {
-            shard,
+            counter,
             weight: WHOLE,
         }
     }
 
     pub(super) fn generation(&self) -> &Arc<Generation> {
-        &self.shard.generation
+        self.counter.generation()
     }
 }
 
 impl Drop for CohortCount {
     fn drop(&mut self) {
-        self.shard.count.fetch_sub(self.weight, SeqCst);
+        self.counter.count().fetch_sub(self.weight, SeqCst);
         // After the count (both `SeqCst`): a drainer whose sum missed this leave is woken.
-        let g = &self.shard.generation;
+        let g = self.counter.generation();
         if g.superseded.load(SeqCst) {
-            g.changed.notify_waiters();
+            g.notify_changed();
         }
     }
 }
@@ -181,19 +210,19 @@ impl Ticket {
     /// Two tickets for the same request, so that the request body and the response body
     /// (which end at different times, in different tasks) each hold one. The request leaves
     /// its generation when both are dropped. A whole request's weight is shared out between
-    /// the halves: no allocation and no atomic count, one more reference to the shard. (A
+    /// the halves: no allocation and no atomic count, one more reference to the counter. (A
     /// half split again adds one more half's weight while it still holds its own, so the sum
     /// cannot have reached 0: still exact for the drain.)
     #[inline]
     pub fn split(mut self) -> (Ticket, Ticket) {
-        let shard = Arc::clone(&self.0.shard);
+        let counter = self.0.counter.clone_ref();
         if self.0.weight >= WHOLE {
             self.0.weight -= HALF;
         } else {
-            shard.count.fetch_add(HALF, SeqCst);
+            counter.count().fetch_add(HALF, SeqCst);
         }
         let other = CohortCount {
-            shard,
+            counter,
             weight: HALF,
         };
         (self, Ticket(other))

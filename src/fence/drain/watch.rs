@@ -14,7 +14,7 @@ use std::task::{Context, Poll, Waker};
 
 use slab::Slab;
 
-use super::Generation;
+use super::{Generation, Waiters};
 
 /// The tasks registered for one generation's abort.
 #[derive(Debug, Default)]
@@ -44,6 +44,13 @@ impl Watchers {
             .insert(w)
     }
 
+    pub(super) fn is_empty(&self) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_empty()
+    }
+
     fn remove(&self, key: usize) {
         self.0
             .lock()
@@ -60,13 +67,18 @@ pub struct AbortWatch(Option<Registered>);
 #[derive(Debug)]
 struct Registered {
     generation: Arc<Generation>,
+    /// The generation's wake-ups, held while registered (`None` only while dropping).
+    waiters: Option<Arc<Waiters>>,
     key: usize,
     waker: Waker,
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.generation.watchers.remove(self.key);
+        if let Some(w) = self.waiters.take() {
+            w.watchers.remove(self.key);
+            self.generation.let_go(w);
+        }
     }
 }
 
@@ -100,9 +112,11 @@ impl AbortWatch {
             return Poll::Pending;
         }
         self.0 = None; // the old registration goes first
-        let key = generation.watchers.insert(cx.waker().clone());
+        let waiters = generation.waiters();
+        let key = waiters.watchers.insert(cx.waker().clone());
         self.0 = Some(Registered {
             generation: Arc::clone(generation),
+            waiters: Some(waiters),
             key,
             waker: cx.waker().clone(),
         });
@@ -131,7 +145,11 @@ mod tests {
     }
 
     fn registered(g: &Generation) -> usize {
-        g.watchers.0.lock().unwrap().len()
+        g.waiters
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map_or(0, |w| w.watchers.0.lock().unwrap().len())
     }
 
     #[test]
@@ -162,8 +180,7 @@ mod tests {
         );
         assert_eq!(registered(&new), 1);
         assert_eq!(watch.poll(&new, &mut cx), Poll::Pending);
-        new.aborted.store(true, SeqCst);
-        new.watchers.wake_all();
+        new.abort();
         assert_eq!(
             count.0.load(SeqCst),
             1,
@@ -172,6 +189,10 @@ mod tests {
         assert_eq!(watch.poll(&new, &mut cx), Poll::Ready(()));
         drop(watch);
         assert_eq!(registered(&new), 0, "dropping unregisters");
+        assert!(
+            new.waiters.lock().unwrap().is_none(),
+            "the wake-ups go with the last registration"
+        );
         // Registering after the abort sees it at once.
         assert_eq!(AbortWatch::default().poll(&new, &mut cx), Poll::Ready(()));
     }
