@@ -37,12 +37,29 @@ fn binary() -> PathBuf {
     bin
 }
 
+/// A free port below the kernel's ephemeral range: a port taken from that range (port 0) is
+/// free only until etcd binds it, and meanwhile any outgoing connection of a parallel test
+/// may take it (a node that cannot listen never joins its cluster).
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let low: u64 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let seed = u64::from(std::process::id()) << 20
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos() as u64;
+    loop {
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // A multiplicative hash spreads the candidates over the range.
+        let pick = (seed ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33;
+        let port = (10_000 + pick % (low.max(10_001) - 10_000)) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 impl Etcd {
@@ -213,10 +230,18 @@ impl Etcd {
                     return;
                 }
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "etcd did not become ready in 20 s"
-            );
+            if started.elapsed() > Duration::from_secs(20) {
+                let logs: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        let log = std::fs::read_to_string(log_of(&n.args)).unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                        format!("{}: {:?}", n.client_url, tail)
+                    })
+                    .collect();
+                panic!("etcd did not become ready in 20 s; its errors: {logs:#?}");
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -267,12 +292,26 @@ impl Drop for Etcd {
     }
 }
 
+/// Where node `args` writes its errors: beside its data directory.
+fn log_of(args: &[String]) -> PathBuf {
+    let data = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--data-dir="))
+        .expect("every node has a data directory");
+    PathBuf::from(format!("{data}.log"))
+}
+
 fn spawn(args: &[String]) -> Child {
     let bin = binary();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log_of(args))
+        .unwrap();
     Command::new(&bin)
         .args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
 }
