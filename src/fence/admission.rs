@@ -52,6 +52,9 @@ pub struct Resource {
     /// A fixed resource of a route (or one a reload aliased): never evicted, even when its
     /// name is also an entity of a template.
     pinned: std::sync::atomic::AtomicBool,
+    /// Asked for by a route (or layer) with `max_marks`: its first advance takes a stored
+    /// mark from its template's quota.
+    limited: std::sync::atomic::AtomicBool,
 }
 
 /// What the entities of one template share: kept once, not in each of millions.
@@ -185,6 +188,7 @@ impl Resource {
             shared,
             touched: entities::Touched::default(),
             pinned: std::sync::atomic::AtomicBool::new(false),
+            limited: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -186,6 +186,8 @@ impl Generation {
     fn notify_changed(&self) {
         if let Some(w) = self.signal() {
             w.changed.notify_waiters();
+            // Through `let_go`: a woken waiter may have let go meanwhile, leaving this the last.
+            self.let_go(w);
         }
     }
 
@@ -200,6 +202,7 @@ impl Generation {
         if let Some(w) = self.signal() {
             w.abort.notify_waiters();
             w.watchers.wake_all();
+            self.let_go(w);
         }
     }
 

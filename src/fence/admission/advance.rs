@@ -28,7 +28,8 @@ pub(super) async fn advance(
         Verdict::Advance { from } => from,
     };
     // A new entity's first mark adds one to what its template stores: within its budget.
-    let quota = res.shared.quota.get().filter(|_| from == 0);
+    let limited = res.limited.load(std::sync::atomic::Ordering::Relaxed);
+    let quota = res.shared.quota.get().filter(|_| from == 0 && limited);
     if let Some(q) = quota {
         if !q.take() {
             return Err(Refused::Full {

@@ -209,13 +209,23 @@ impl Admission {
         }
         let entity = self.entity_inner(name, template.as_str()).await?;
         if let Some(limit) = max_marks {
-            match entity.shared.quota.get() {
-                Some(q) => q.set_limit(limit),
-                None => {
-                    let q = self.quota(template, limit).await?;
-                    let _ = entity.shared.quota.set(q);
+            let q = match entity.shared.quota.get() {
+                Some(q) => {
+                    q.set_limit(limit);
+                    Arc::clone(q)
                 }
+                None => self.quota(template, limit).await?,
+            };
+            // Only into the quota slot of this template's entities: an entity first opened
+            // by another template (one name, two templates) keeps that one's.
+            let own = Arc::ptr_eq(
+                &entity.shared,
+                &self.entities.shared_of(template.as_str(), &self.metrics),
+            );
+            if own {
+                let _ = entity.shared.quota.set(q);
             }
+            entity.limited.store(true, Relaxed);
         }
         Ok(entity)
     }
@@ -226,6 +236,9 @@ impl Admission {
         let entity = self.resource(name)?;
         if let Some(limit) = max_marks {
             entity.shared.quota.get()?.set_limit(limit);
+            if !entity.limited.load(Relaxed) {
+                entity.limited.store(true, Relaxed);
+            }
         }
         Some(entity)
     }

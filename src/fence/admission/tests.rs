@@ -314,5 +314,7 @@ async fn a_renamed_resources_first_advance_aborts_the_old_names_requests_in_flig
 #[test]
 fn an_entity_stays_small() {
     assert!(std::mem::size_of::<Resource>() <= 112);
+    // A futex mutex (Linux); elsewhere std's mutex is larger.
+    #[cfg(target_os = "linux")]
     assert!(std::mem::size_of::<crate::fence::drain::Generation>() <= 40);
 }
