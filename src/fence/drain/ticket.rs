@@ -126,7 +126,7 @@ pub(super) fn cache(id: u64, shard: &Arc<Shard>) {
 
 /// Where a request's weight is counted: a shard of its cohort, or the generation of a
 /// one-count cohort (a new reference to either: the counter outlives the request).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Counter {
     Shard(Arc<Shard>),
     Lone(Arc<Generation>),
@@ -146,13 +146,6 @@ impl Counter {
         match self {
             Counter::Shard(s) => &s.generation,
             Counter::Lone(g) => g,
-        }
-    }
-
-    fn clone_ref(&self) -> Self {
-        match self {
-            Counter::Shard(s) => Counter::Shard(Arc::clone(s)),
-            Counter::Lone(g) => Counter::Lone(Arc::clone(g)),
         }
     }
 }
@@ -215,7 +208,7 @@ impl Ticket {
     /// cannot have reached 0: still exact for the drain.)
     #[inline]
     pub fn split(mut self) -> (Ticket, Ticket) {
-        let counter = self.0.counter.clone_ref();
+        let counter = self.0.counter.clone();
         if self.0.weight >= WHOLE {
             self.0.weight -= HALF;
         } else {
