@@ -12,8 +12,11 @@
 //! # How
 //!
 //! Each resource has a current [`Cohort`]: the requests admitted under one mark, counted in a
-//! few cache-line-sized shards, and their [`Generation`] (the mark, a `ready` flag, and the
-//! `superseded` and `aborted` signals). An equal-token request enters the current cohort and
+//! few cache-line-sized shards (a fixed resource, [`Drain::new`]) or in one count kept in the
+//! generation itself (an entity of a resource template, [`Drain::single`]: a fraction of the
+//! memory, for the millions of entities that are each seldom admitted by two threads at once),
+//! and their [`Generation`] (the mark, a `ready` flag, and the `superseded` and `aborted`
+//! signals). An equal-token request enters the current cohort and
 //! holds a [`Ticket`] until it is dropped, which the proxy does once the upstream exchange is
 //! over (request body sent or abandoned, response ended).
 //!
@@ -27,10 +30,13 @@
 //!
 //! # The equal-token path, and why the drainer never misses a request
 //!
-//! Entering costs two uncontended atomic read-modify-writes and leaving two more, all on
-//! cache lines of the entering thread's shard: no lock, no shared reference count, no
-//! `arc-swap` load. Each thread keeps, in a thread-local cache, a strong reference to its
-//! shard of the cohort it last entered. A request:
+//! On a sharded drain, entering costs two uncontended atomic read-modify-writes and leaving two
+//! more, all on cache lines of the entering thread's shard: no lock, no shared reference
+//! count, no `arc-swap` load. Each thread keeps, in a thread-local cache, a strong reference to
+//! its shard of the cohort it last entered. A one-count drain has no shards and skips that
+//! cache: each request loads the current cohort (one `arc-swap` load), clones its generation
+//! and counts in the generation's own count; the order argument below is the same, with that
+//! count in place of the shard's. A request:
 //!
 //! 1. clones that reference (the ticket's own, so the shard outlives the request),
 //! 2. adds 1 to the shard's count (`SeqCst`),
