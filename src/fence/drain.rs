@@ -16,9 +16,9 @@
 //! generation itself (an entity of a resource template, [`Drain::single`]: a fraction of the
 //! memory, for the millions of entities that are each seldom admitted by two threads at once),
 //! and their [`Generation`] (the mark, a `ready` flag, and the `superseded` and `aborted`
-//! signals). An equal-token request enters the current cohort and
-//! holds a [`Ticket`] until it is dropped, which the proxy does once the upstream exchange is
-//! over (request body sent or abandoned, response ended).
+//! signals). An equal-token request enters the current cohort and holds a [`Ticket`] until it
+//! is dropped, which the proxy does once the upstream exchange is over (request body sent or
+//! abandoned, response ended).
 //!
 //! An advance to `t` (serialized per resource, after the mark is durable) installs a new
 //! cohort for `t` that is not yet ready, marks the old one superseded, publishes the mark, and
