@@ -427,6 +427,8 @@ impl Admission {
     /// # Errors
     /// [`Refused::Stale`] below the mark, [`Refused::Unavailable`] when an advance could not be
     /// made durable.
+    // Inlined: a steady owner's admission is the fast path, decided right here at the call.
+    #[inline]
     pub fn admit<'a>(
         &'a self,
         resource: &'a Arc<Resource>,

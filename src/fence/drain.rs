@@ -75,7 +75,7 @@ mod ticket;
 mod watch;
 
 pub use self::ticket::{AbortSignal, AbortWait, Ticket};
-use self::ticket::{CohortCount, Counter, Shard, SHARDS};
+use self::ticket::{Counter, Shard, SHARDS};
 pub use self::watch::AbortWatch;
 
 /// After an abort, how long the aborted requests get to notice it and end.
@@ -422,7 +422,7 @@ impl Drain {
             return None;
         }
         // The count, then `superseded`: the request's half of the store-buffer pattern.
-        let counted = CohortCount::take(counter);
+        let counted = Ticket::take(counter);
         let g = counted.generation();
         if g.superseded.load(SeqCst) {
             return None;
@@ -432,7 +432,7 @@ impl Drain {
             drop(counted);
             return Some(Entry::NotReady(g));
         }
-        Some(Entry::Entered(Ticket::whole(counted)))
+        Some(Entry::Entered(counted))
     }
 
     /// Waits until `generation` is ready (its predecessor drained).
@@ -446,12 +446,12 @@ impl Drain {
     pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
         let shards = self.current.load().shards.len();
         let next = Arc::new(Cohort::new(token, false, shards));
-        let counted = CohortCount::take(next.counter());
+        let counted = Ticket::take(next.counter());
         let old = self.current.swap(next);
         // `superseded`, then the count (read by `finish`): the advance's half of the
         // store-buffer pattern.
         old.generation.superseded.store(true, SeqCst);
-        (Ticket::whole(counted), old)
+        (counted, old)
     }
 
     /// Waits for `old`'s requests for at most `timeout`, aborts the rest, and then makes the

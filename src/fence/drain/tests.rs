@@ -172,3 +172,24 @@ async fn a_split_request_counts_once_until_both_halves_end() {
     assert_eq!(drained.aborted, 0);
     assert_eq!(drained.waited, Duration::from_millis(20));
 }
+
+#[tokio::test]
+async fn a_half_split_again_keeps_the_request_counted_on_both_kinds_of_drain() {
+    for d in [Drain::new(5), Drain::single(5)] {
+        let Entry::Entered(t) = d.enter(5) else {
+            panic!()
+        };
+        let (body, response) = t.split();
+        let (a, b) = response.split();
+        assert_eq!(d.in_flight(), 2, "three halves round up to two requests");
+        let (next, old) = d.install(6);
+        for half in [body, a] {
+            drop(half);
+            assert!(old.in_flight() > 0, "a half is still in flight");
+        }
+        drop(b);
+        assert_eq!(old.in_flight(), 0, "every half gave its weight back");
+        let drained = d.finish(&next, &old, Duration::from_secs(1)).await;
+        assert_eq!(drained.aborted, 0);
+    }
+}
