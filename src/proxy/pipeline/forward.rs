@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::request_body::{Delivered, RequestBody};
+use super::request_body::{Delivered, HeadGate, RequestBody};
 use super::upstream::http1::{self, Held, Home};
 use super::upstream::{Upstream, Via};
 use super::Affinity;
@@ -84,21 +84,49 @@ pub(super) async fn forward(
             // A bodiless request can be sent again when the upstream did not process it; never
             // a guarded one (a drain may abort it, and its ticket rides on the first send).
             let again = abort.is_none().then(|| Again::of(&req)).flatten();
+            // A request that can be sent again can also be withdrawn while hyper has not
+            // started its head (see `HEAD_STALL`).
+            let mut gate = again.as_ref().map(|_| HeadGate::default());
+            let req = match &gate {
+                Some(g) => req.map(|b| b.gated(g.clone())),
+                None => req,
+            };
             // The pooled client's future is `Unpin` and owns everything: an aborted request
             // can hand it to a task of its own (see below).
             let mut pending = client.request(req);
             let call = async {
                 let deadline = limit.map(|l| (tokio::time::Instant::now() + l, l));
-                let mut sent = 0;
+                let (mut sent, mut withdrawn) = (0, 0);
                 loop {
-                    let r = match deadline {
-                        Some((at, limit)) => {
-                            match tokio::time::timeout_at(at, &mut pending).await {
-                                Ok(r) => r,
-                                Err(_) => return Err(Rejection::UpstreamTimeout(limit)),
-                            }
+                    let stall = gate
+                        .as_ref()
+                        .filter(|_| withdrawn < MAX_WITHDRAWALS)
+                        .map(|_| tokio::time::Instant::now() + connect + HEAD_STALL);
+                    let r = tokio::select! {
+                        biased;
+                        r = &mut pending => r,
+                        () = until(deadline.map(|(at, _)| at)) => {
+                            let limit = deadline.map_or(Duration::ZERO, |(_, l)| l);
+                            return Err(Rejection::UpstreamTimeout(limit));
                         }
-                        None => (&mut pending).await,
+                        () = until(stall) => {
+                            match (&again, gate.as_ref().is_some_and(HeadGate::withdraw)) {
+                                (Some(again), true) if again.method.is_safe() => {
+                                    tracing::debug!("hyper did not start the request's head in time (a connection closing under it); sending it again");
+                                    withdrawn += 1;
+                                    let (next, g) = again.gated_request();
+                                    pending = client.request(next);
+                                    gate = Some(g);
+                                }
+                                // A write is not sent again: see `HEAD_STALL`.
+                                (Some(_), true) => {
+                                    return Err(Rejection::UpstreamFailed(NOT_STARTED.to_owned()));
+                                }
+                                // The head went out: the answer is waited for as any other.
+                                _ => gate = None,
+                            }
+                            continue;
+                        }
                     };
                     match r {
                         Ok(resp) => return Ok((resp, None)),
@@ -119,7 +147,9 @@ pub(super) async fn forward(
                                     }
                                     tokio::time::sleep(pause).await;
                                 }
-                                pending = client.request(again.request());
+                                let (next, g) = again.gated_request();
+                                pending = client.request(next);
+                                gate = Some(g);
                             }
                             _ => return Err(Rejection::UpstreamFailed(error_chain(&e))),
                         },
@@ -154,6 +184,31 @@ const MAX_RESENDS: u32 = 3;
 /// each further one.
 const RESEND_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
 
+/// How long hyper may take to start a bodiless request's head, beyond the connect timeout,
+/// before the request is withdrawn. hyper (1.x, HTTP/2) can check a pooled connection out
+/// just as a GOAWAY closes it and leave the request in that connection's queue, never sent
+/// and never answered. A withdrawn request's head is never sent whole (see `HeadGate`), and
+/// hyper skips a queued request whose caller is gone; but in the instant between hyper's check
+/// and the withdrawal it may still send the head without the end of the stream, then reset
+/// the stream: a server that acts on a head alone could act. So only a read is sent again; a
+/// write is answered 502 (at most once, as every write). A request legitimately waiting that
+/// long (a connection being made takes at most the connect timeout) loses only its place.
+const HEAD_STALL: Duration = Duration::from_secs(1);
+
+/// The 502's reason for a write withdrawn before hyper started it.
+const NOT_STARTED: &str = "the HTTP/2 upstream connection never started the request (closed under it); a write is not sent again";
+
+/// How many times one request is withdrawn (then it waits for as long as its deadline).
+const MAX_WITHDRAWALS: u32 = 3;
+
+/// Resolves at `at`, never for `None`.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What it takes to send a bodiless request again: its head.
 struct Again {
     method: http::Method,
@@ -174,6 +229,12 @@ impl Again {
             headers: req.headers().clone(),
             delivered: req.body().delivered(),
         })
+    }
+
+    /// The request again, with a gate of its own to withdraw it by.
+    fn gated_request(&self) -> (Request<RequestBody>, HeadGate) {
+        let gate = HeadGate::default();
+        (self.request().map(|b| b.gated(gate.clone())), gate)
     }
 
     fn request(&self) -> Request<RequestBody> {
@@ -318,5 +379,34 @@ mod tests {
             "a bodiless request can be sent again"
         );
         assert!(!delivered.is_whole());
+    }
+
+    /// A request withdrawn before hyper started its head is never sent whole: its body is not
+    /// at its end and fails when polled (the upstream then gets a reset stream, never a
+    /// complete request). Once the head started, it cannot be withdrawn.
+    #[tokio::test]
+    async fn a_withdrawn_request_is_never_sent_whole_and_a_sent_one_cannot_be_withdrawn() {
+        use http_body::Body;
+        use http_body_util::BodyExt;
+
+        let again = Again::of(&http::Request::new(RequestBody::none(None))).unwrap();
+        let (req, gate) = again.gated_request();
+        assert!(gate.withdraw(), "nothing was sent yet");
+        let mut body = req.into_body();
+        assert!(
+            !body.is_end_stream(),
+            "a withdrawn request's head must not end its stream"
+        );
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.to_string().contains("withdrawn"), "{err}");
+
+        let (req, gate) = again.gated_request();
+        let mut body = req.into_body();
+        assert!(
+            body.is_end_stream(),
+            "hyper starts the head of a bodiless request"
+        );
+        assert!(!gate.withdraw(), "the head went out: too late to withdraw");
+        assert!(body.frame().await.is_none(), "and the request ends as sent");
     }
 }

@@ -31,6 +31,60 @@ impl Delivered {
     }
 }
 
+/// Whether hyper has started to write a bodiless request's head yet, and the means to stop
+/// it from ever doing so whole: a request stuck before that point (hyper can leave one in the
+/// queue of an HTTP/2 connection that a GOAWAY is closing, and never answer it) is withdrawn
+/// and sent again, which cannot apply it twice (see `forward`).
+#[derive(Debug, Clone, Default)]
+pub(super) struct HeadGate(std::sync::Arc<std::sync::atomic::AtomicU8>);
+
+/// [`HeadGate`]'s states.
+const HEAD_WAITING: u8 = 0;
+const HEAD_SENT: u8 = 1;
+const HEAD_WITHDRAWN: u8 = 2;
+
+impl HeadGate {
+    /// Withdraws the request if hyper has not started its head: true when withdrawn (its
+    /// head is then never sent whole: the body fails first).
+    pub(super) fn withdraw(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        self.0
+            .compare_exchange(
+                HEAD_WAITING,
+                HEAD_WITHDRAWN,
+                AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// hyper starts the head: false if the request was withdrawn first.
+    fn pass(&self) -> bool {
+        use std::sync::atomic::Ordering::AcqRel;
+        match self.0.compare_exchange(
+            HEAD_WAITING,
+            HEAD_SENT,
+            AcqRel,
+            std::sync::atomic::Ordering::Acquire,
+        ) {
+            Ok(_) => true,
+            Err(state) => state == HEAD_SENT,
+        }
+    }
+}
+
+/// The error of a body whose request was withdrawn before its head went out.
+#[derive(Debug)]
+struct Withdrawn;
+
+impl std::fmt::Display for Withdrawn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("request withdrawn before it was sent, to be sent again")
+    }
+}
+
+impl std::error::Error for Withdrawn {}
+
 /// Whether the client's request body failed (the client went away mid-body, reset its stream
 /// or cancelled its call, or sent a body its framing cannot parse): an upstream failure that
 /// follows is the client's doing, not the upstream's.
@@ -102,6 +156,8 @@ pub(crate) struct RequestBody {
     limit: Option<BodyLimit>,
     delivered: Option<Delivered>,
     client_failed: Option<ClientFailed>,
+    /// For a bodiless request that may be sent again (`forward`).
+    gate: Option<HeadGate>,
 }
 
 impl RequestBody {
@@ -120,6 +176,7 @@ impl RequestBody {
             limit,
             delivered,
             client_failed,
+            gate: None,
         }
     }
 
@@ -145,7 +202,19 @@ impl RequestBody {
             limit: None,
             delivered,
             client_failed: None,
+            gate: None,
         }
+    }
+
+    /// Lets `gate` withdraw this (bodiless) request until hyper starts its head.
+    pub(super) fn gated(mut self, gate: HeadGate) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    /// Whether hyper may send the head now (false: withdrawn, see [`HeadGate`]).
+    fn passes_gate(&self) -> bool {
+        self.gate.as_ref().is_none_or(HeadGate::pass)
     }
 }
 
@@ -187,6 +256,9 @@ impl Body for RequestBody {
         cx: &mut TaskContext<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
+        if !this.passes_gate() {
+            return Poll::Ready(Some(Err(Box::new(Withdrawn))));
+        }
         let Some(inner) = &mut this.inner else {
             if let Some(d) = &this.delivered {
                 d.set();
@@ -258,6 +330,10 @@ impl Body for RequestBody {
         // A drain aborted the request: not the end, so that hyper polls the body and gets the
         // abort's error rather than sending a bodiless request whole later.
         if self.flight.as_ref().is_some_and(Flight::is_aborted) {
+            return false;
+        }
+        // Withdrawn (see `HeadGate`): not the end either, for the same reason.
+        if !self.passes_gate() {
             return false;
         }
         let end = self.first.is_none() && self.inner.as_ref().is_none_or(Body::is_end_stream);
