@@ -33,8 +33,8 @@ impl Delivered {
 
 /// Whether hyper has started to write a bodiless request's head yet, and the means to stop
 /// it from ever doing so whole: a request stuck before that point (hyper can leave one in the
-/// queue of an HTTP/2 connection that a GOAWAY is closing, and never answer it) is withdrawn
-/// and sent again, which cannot apply it twice (see `forward`).
+/// queue of an HTTP/2 connection that a GOAWAY is closing, and never answer it) is withdrawn:
+/// a read is then sent again, a write answered 502 (see `forward`).
 #[derive(Debug, Clone, Default)]
 pub(super) struct HeadGate(std::sync::Arc<std::sync::atomic::AtomicU8>);
 
@@ -79,7 +79,7 @@ struct Withdrawn;
 
 impl std::fmt::Display for Withdrawn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("request withdrawn before it was sent, to be sent again")
+        f.write_str("request withdrawn before hyper started its head")
     }
 }
 
