@@ -2,6 +2,8 @@
 //! it streams, the token stripped from trailers, and what tells whether it went up whole.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
@@ -19,15 +21,15 @@ use crate::proxy::error_chain::error_chain;
 /// head). From then on an abort cannot keep the upstream from applying the request, so a
 /// drain waits for its answer instead (see `forward::abortable`).
 #[derive(Debug, Clone, Default)]
-pub(super) struct Delivered(std::sync::Arc<std::sync::atomic::AtomicBool>);
+pub(super) struct Delivered(Arc<AtomicBool>);
 
 impl Delivered {
     pub(super) fn is_whole(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
+        self.0.load(Ordering::Acquire)
     }
 
     fn set(&self) {
-        self.0.store(true, std::sync::atomic::Ordering::Release);
+        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -36,7 +38,7 @@ impl Delivered {
 /// queue of an HTTP/2 connection that a GOAWAY is closing, and never answer it) is withdrawn:
 /// a read is then sent again, a write answered 502 (see `forward`).
 #[derive(Debug, Clone, Default)]
-pub(super) struct HeadGate(std::sync::Arc<std::sync::atomic::AtomicU8>);
+pub(super) struct HeadGate(Arc<AtomicU8>);
 
 /// [`HeadGate`]'s states.
 const HEAD_WAITING: u8 = 0;
@@ -47,29 +49,21 @@ impl HeadGate {
     /// Withdraws the request if hyper has not started its head: true when withdrawn (its
     /// head is then never sent whole: the body fails first).
     pub(super) fn withdraw(&self) -> bool {
-        use std::sync::atomic::Ordering::AcqRel;
-        self.0
-            .compare_exchange(
-                HEAD_WAITING,
-                HEAD_WITHDRAWN,
-                AcqRel,
-                std::sync::atomic::Ordering::Acquire,
-            )
-            .is_ok()
+        self.leave_waiting(HEAD_WITHDRAWN).is_ok()
     }
 
     /// hyper starts the head: false if the request was withdrawn first.
     fn pass(&self) -> bool {
-        use std::sync::atomic::Ordering::AcqRel;
-        match self.0.compare_exchange(
-            HEAD_WAITING,
-            HEAD_SENT,
-            AcqRel,
-            std::sync::atomic::Ordering::Acquire,
-        ) {
+        match self.leave_waiting(HEAD_SENT) {
             Ok(_) => true,
             Err(state) => state == HEAD_SENT,
         }
+    }
+
+    /// Moves from waiting to `to`, once: the state found instead when another move won.
+    fn leave_waiting(&self, to: u8) -> Result<u8, u8> {
+        self.0
+            .compare_exchange(HEAD_WAITING, to, Ordering::AcqRel, Ordering::Acquire)
     }
 }
 
@@ -89,7 +83,7 @@ impl std::error::Error for Withdrawn {}
 /// or cancelled its call, or sent a body its framing cannot parse): an upstream failure that
 /// follows is the client's doing, not the upstream's.
 #[derive(Debug, Clone, Default)]
-pub(super) struct ClientFailed(std::sync::Arc<std::sync::atomic::AtomicU8>);
+pub(super) struct ClientFailed(Arc<AtomicU8>);
 
 /// [`ClientFailed`]'s states.
 const BODY_OK: u8 = 0;
@@ -98,13 +92,13 @@ const BODY_MALFORMED: u8 = 2;
 
 impl ClientFailed {
     pub(super) fn is_set(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire) != BODY_OK
+        self.0.load(Ordering::Acquire) != BODY_OK
     }
 
     /// The body's framing was broken (a bad chunk size line, say) by a client that is still
     /// there to be told: 400, as for a malformed head.
     pub(super) fn is_malformed(&self) -> bool {
-        self.0.load(std::sync::atomic::Ordering::Acquire) == BODY_MALFORMED
+        self.0.load(Ordering::Acquire) == BODY_MALFORMED
     }
 
     fn set(&self, e: &(dyn std::error::Error + 'static)) {
@@ -113,7 +107,7 @@ impl ClientFailed {
         } else {
             BODY_GONE
         };
-        self.0.store(state, std::sync::atomic::Ordering::Release);
+        self.0.store(state, Ordering::Release);
     }
 }
 
@@ -224,7 +218,7 @@ impl RequestBody {
 pub(super) struct BodyLimit {
     pub(super) max: u64,
     pub(super) seen: u64,
-    pub(super) hit: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub(super) hit: Arc<AtomicBool>,
 }
 
 /// Why the client's body failed, as text only. hyper resets an HTTP/2 upstream stream whose
@@ -293,7 +287,7 @@ impl Body for RequestBody {
             if let Some(d) = frame.data_ref() {
                 limit.seen = limit.seen.saturating_add(d.len() as u64);
                 if limit.seen > limit.max {
-                    limit.hit.store(true, std::sync::atomic::Ordering::Release);
+                    limit.hit.store(true, Ordering::Release);
                     return Poll::Ready(Some(Err(Box::new(TooLarge(limit.max)))));
                 }
             }
