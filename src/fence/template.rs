@@ -226,17 +226,31 @@ impl PathPattern {
 
     /// The captures of `path` (a normal-form path without `;parameters`), or `None` when it
     /// does not match (see the module docs).
-    pub fn captures<'p>(&self, path: &'p str) -> Option<Captures<'p>> {
-        let body = path.strip_prefix('/')?;
-        let body = body.strip_suffix('/').unwrap_or(body);
+    pub fn captures<'t, 'p>(&'t self, path: &'p str) -> Option<Captures<'t, 'p>> {
         let mut out = Captures::default();
+        self.walk(path, |name, value| out.0.push((name, value)))
+            .then_some(out)
+    }
+
+    /// Whether `path` matches, with nothing captured (routing asks this of every request).
+    pub fn is_match(&self, path: &str) -> bool {
+        self.walk(path, |_, _| {})
+    }
+
+    /// Matches `path`, handing each capture to `found` in order: false when it does not match
+    /// (captures handed out before the mismatch are then meaningless).
+    fn walk<'t, 'p>(&'t self, path: &'p str, mut found: impl FnMut(&'t str, &'p str)) -> bool {
+        let Some(body) = path.strip_prefix('/') else {
+            return false;
+        };
+        let body = body.strip_suffix('/').unwrap_or(body);
         let mut rest = body;
         let n = self.segments.len();
         for (i, seg) in self.segments.iter().enumerate() {
             let last = i + 1 == n;
             if let Segment::Rest(name) = seg {
                 if rest.is_empty() {
-                    return None;
+                    return false;
                 }
                 // `.format` on the last segment is the same entity here too.
                 let last_start = rest.rfind('/').map_or(0, |i| i + 1);
@@ -244,15 +258,15 @@ impl PathPattern {
                     Some(dot) if dot > 0 => &rest[..last_start + dot],
                     _ => rest,
                 };
-                out.0.push((name.clone(), rest));
-                return Some(out);
+                found(name, rest);
+                return true;
             }
             let (part, after) = match rest.split_once('/') {
                 Some((p, a)) => (p, Some(a)),
                 None => (rest, None),
             };
             if part.is_empty() {
-                return None;
+                return false;
             }
             // `.format` on the last segment is the same entity (see the module docs).
             let part = if last && after.is_none() {
@@ -265,18 +279,18 @@ impl PathPattern {
             };
             match seg {
                 Segment::Literal(l) if l == part => {}
-                Segment::Literal(_) => return None,
-                Segment::Capture(name) => out.0.push((name.clone(), part)),
+                Segment::Literal(_) => return false,
+                Segment::Capture(name) => found(name, part),
                 Segment::Rest(_) => unreachable!("handled above"),
             }
             match after {
                 Some(a) if !last => rest = a,
-                None if last => return Some(out),
-                _ => return None,
+                None if last => return true,
+                _ => return false,
             }
         }
         // An empty pattern ("/") matches only the root.
-        body.is_empty().then_some(out)
+        body.is_empty()
     }
 }
 
@@ -286,14 +300,15 @@ impl fmt::Display for PathPattern {
     }
 }
 
-/// What a path pattern captured: `(name, segment text)`.
+/// What a path pattern captured: `(name, segment text)`, both borrowed (the names from the
+/// pattern, the text from the path): matching allocates only this list.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Captures<'p>(Vec<(String, &'p str)>);
+pub struct Captures<'t, 'p>(Vec<(&'t str, &'p str)>);
 
-impl<'p> Captures<'p> {
+impl<'p> Captures<'_, 'p> {
     /// The segment captured as `name`.
     pub fn get(&self, name: &str) -> Option<&'p str> {
-        self.0.iter().find(|(n, _)| n == name).map(|(_, v)| *v)
+        self.0.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
     }
 }
 
@@ -545,7 +560,7 @@ impl ResourceTemplate {
     /// [`FillError`]: the request cannot name a resource, and is refused.
     pub fn fill(
         &self,
-        captures: &Captures<'_>,
+        captures: &Captures<'_, '_>,
         req: &impl RequestParts,
     ) -> Result<String, FillError> {
         let mut out = String::with_capacity(self.text.len() + 16);

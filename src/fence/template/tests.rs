@@ -71,6 +71,49 @@ fn a_pattern_captures_whole_segments() {
 }
 
 #[test]
+fn matching_without_captures_agrees_with_capturing() {
+    let root = PathPattern::parse("/").unwrap();
+    let patterns = [
+        PathPattern::parse("/warehouses/{id}/stock/{sku}").unwrap(),
+        PathPattern::parse("/files/{*path}").unwrap(),
+        PathPattern::parse("/w/{id}").unwrap(),
+        root,
+    ];
+    let paths = [
+        "/",
+        "",
+        "/w",
+        "/w/",
+        "/w/7",
+        "/w/7/",
+        "/w/7.json",
+        "/w/7/x",
+        "/w//",
+        "/files",
+        "/files/",
+        "/files/a",
+        "/files/a/b.c",
+        "/warehouses/7/stock/9",
+        "/warehouses/7/stock/9/x",
+        "/warehouses//stock/9",
+        "warehouses/7/stock/9",
+    ];
+    let mut matched = 0;
+    for p in &patterns {
+        for path in paths {
+            let captured = p.captures(path).is_some();
+            assert_eq!(p.is_match(path), captured, "{p} on {path:?}");
+            matched += usize::from(captured);
+        }
+    }
+    // Both answers occur: the agreement is not all-false.
+    assert!(
+        matched >= 6 && matched < patterns.len() * paths.len(),
+        "{matched}"
+    );
+}
+
+#[test]
 fn bad_patterns_say_where() {
     for (text, at) in [
         ("warehouses/{id}", 0),

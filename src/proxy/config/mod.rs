@@ -238,7 +238,7 @@ impl PathMatch {
                 rest.is_empty() || rest == "/" || (rest.starts_with('.') && !rest.contains('/'))
             }),
             PathMatch::Prefix(p) => crate::fence::path_prefix::matches(p, key),
-            PathMatch::Pattern(p) => p.captures(key).is_some(),
+            PathMatch::Pattern(p) => p.is_match(key),
         }
     }
 }
