@@ -524,3 +524,49 @@ async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
         got[0]
     );
 }
+
+/// An HTTP/2 GET whose client resets its stream while palisade waits for the frame after
+/// its HEADERS (to tell an empty body from a real one) is `client_closed` (499) in the access
+/// log and in `palisade_requests_total`, as any client gone before its answer: not a GET with
+/// a body refused 400 to nobody, and never forwarded.
+#[tokio::test]
+async fn an_http2_get_reset_before_its_first_frame_is_client_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let up = hanging_upstream().await;
+    let text = hanging_config(up.addr);
+    let path = support::write(dir.path(), "palisade.toml", &text);
+    let proxy = support::spawn_proxy(&path).unwrap();
+    let admin = proxy.admin.unwrap();
+    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let req = http::Request::get(format!("http://{}/reads/1", proxy.addr))
+        .body(())
+        .unwrap();
+    let (_response, mut body) = h2.send_request(req, false).unwrap();
+    // palisade waits up to a second for that frame: the reset arrives within it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    body.send_reset(h2::Reason::CANCEL);
+    let got = first_lines(&dir.path().join("access.log")).await;
+    assert_eq!(got.len(), 1, "{got:#?}");
+    let v: Value = serde_json::from_str(&got[0]).unwrap();
+    assert_eq!(
+        (
+            v["status"].as_u64(),
+            v["outcome"].as_str(),
+            v["route"].as_str()
+        ),
+        (Some(499), Some("client_closed"), Some("reads")),
+        "{}",
+        got[0]
+    );
+    let text = scrape(admin).await;
+    let series = |o: &str| format!(r#"palisade_requests_total{{outcome="{o}",route="reads"}}"#);
+    assert_eq!(metric(&text, &series("client_closed")), Some(1.0), "{text}");
+    assert!(
+        metric(&text, &series("malformed")).unwrap_or(0.0) == 0.0,
+        "{text}"
+    );
+    assert_eq!(up.log.count(|_| true), 0, "forwarded");
+}

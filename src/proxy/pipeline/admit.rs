@@ -136,6 +136,11 @@ impl Proxy {
             }
         };
         note.routed(route);
+        // Reset by its client while its first frame was awaited: `client_closed`, not a GET
+        // with a body refused 400 to nobody.
+        if req.client_gone() {
+            return Err(self.client_closed(route, None, note));
+        }
         // A body on GET (or HEAD, OPTIONS, TRACE, CONNECT) could be read by the upstream as
         // the next request on its connection, a request palisade never checked.
         let close_upstream = is_bodiless_method(req.method()) && has_body(req);

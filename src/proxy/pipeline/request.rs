@@ -28,6 +28,11 @@ pub(super) trait RequestView {
     fn body_ended(&self) -> bool;
     /// The body's length, when the framing says it up front.
     fn body_length(&self) -> Option<u64>;
+    /// The client already reset the stream (seen while `peek::settle` waited for its first
+    /// frame): there is nobody left to answer.
+    fn client_gone(&self) -> bool {
+        false
+    }
 }
 
 impl<B: Body> RequestView for Request<B> {
@@ -62,6 +67,10 @@ impl<B: Body> RequestView for Request<B> {
             return None;
         }
         self.body().size_hint().exact()
+    }
+
+    fn client_gone(&self) -> bool {
+        matches!(self.extensions().get::<Peeked>(), Some(Peeked::Failed(_)))
     }
 }
 
