@@ -27,7 +27,7 @@ pub use entities::DEFAULT_MAX_CACHED;
 
 use self::advance::{advance, learn};
 use crate::fence::confirm::Coalescer;
-use crate::fence::drain::{Drain, Entry, Ticket};
+use crate::fence::drain::{AbortBoard, Drain, Entry, Ticket};
 use crate::fence::guard::{Verdict, Watermark};
 use crate::fence::marks::{Consistency, Epoch, MarkStore, Marks, StoreError};
 use crate::fence::metrics::{MarkMetrics, Metrics, StoreMetrics};
@@ -64,6 +64,8 @@ struct Shared {
     /// The template's stored-marks budget (entities of a route with `max_marks` only), set
     /// at the first use of one of them.
     quota: std::sync::OnceLock<Arc<entities::Quota>>,
+    /// Where connections watch the aborts of the template's entities.
+    aborts: Arc<AbortBoard>,
 }
 
 impl Shared {
@@ -71,6 +73,7 @@ impl Shared {
         Arc::new(Self {
             metrics,
             quota: std::sync::OnceLock::new(),
+            aborts: Arc::default(),
         })
     }
 }
@@ -172,7 +175,8 @@ impl Resource {
 
     /// An entity of a template: what its template's entities share, a one-count drain.
     fn entity(name: &str, initial: u64, shared: Arc<Shared>) -> Arc<Self> {
-        Self::with_shared(name, initial, shared, Drain::single(initial))
+        let drain = Drain::single(initial, Arc::clone(&shared.aborts));
+        Self::with_shared(name, initial, shared, drain)
     }
 
     fn with_shared(name: &str, initial: u64, shared: Arc<Shared>, drain: Drain) -> Arc<Self> {

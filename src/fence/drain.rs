@@ -76,7 +76,7 @@ mod watch;
 
 pub use self::ticket::{AbortSignal, AbortWait, Ticket};
 use self::ticket::{Counter, Shard, SHARDS};
-pub use self::watch::AbortWatch;
+pub use self::watch::{AbortBoard, AbortWatch};
 
 /// After an abort, how long the aborted requests get to notice it and end.
 pub const ABORT_GRACE: Duration = Duration::from_secs(1);
@@ -96,6 +96,9 @@ pub struct Generation {
     /// Made by the first task that has to wait on this generation and let go with the
     /// last: most generations (every idle entity's) have nobody waiting and pay 16 bytes.
     waiters: std::sync::Mutex<Option<Arc<Waiters>>>,
+    /// The board a one-count drain's connections watch instead of each generation
+    /// ([`AbortBoard`]): its abort wakes them too.
+    board: Option<Arc<AbortBoard>>,
 }
 
 /// The wake-ups of a generation (see [`Generation::waiters`] for why a waiter that makes
@@ -139,7 +142,7 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Generation {
-    fn new(token: u64, ready: bool) -> Self {
+    fn new(token: u64, ready: bool, board: Option<Arc<AbortBoard>>) -> Self {
         Self {
             token,
             count: AtomicU64::new(0),
@@ -147,6 +150,7 @@ impl Generation {
             superseded: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
             waiters: std::sync::Mutex::new(None),
+            board,
         }
     }
 
@@ -202,13 +206,17 @@ impl Generation {
         self.aborted.load(SeqCst)
     }
 
-    /// Aborts this generation's requests: the flag, then every wake-up of its abort.
+    /// Aborts this generation's requests: the flag, then every wake-up of its abort (its
+    /// board's included).
     fn abort(&self) {
         self.aborted.store(true, SeqCst);
         if let Some(w) = self.signal() {
             w.abort.notify_waiters();
             w.watchers.wake_all();
             self.let_go(w);
+        }
+        if let Some(board) = &self.board {
+            board.wake_all();
         }
     }
 
@@ -257,8 +265,8 @@ pub struct Cohort {
 }
 
 impl Cohort {
-    fn new(token: u64, ready: bool, shards: usize) -> Self {
-        let generation = Arc::new(Generation::new(token, ready));
+    fn new(token: u64, ready: bool, shards: usize, board: Option<Arc<AbortBoard>>) -> Self {
+        let generation = Arc::new(Generation::new(token, ready, board));
         Self {
             shards: (0..shards)
                 .map(|_| Arc::new(Shard::new(Arc::clone(&generation))))
@@ -346,23 +354,24 @@ impl Drain {
     /// Accounting for a resource whose mark is `mark` (nothing in flight), its count spread
     /// over eight shards: for a resource many threads admit at once.
     pub fn new(mark: u64) -> Self {
-        Self::with_shards(mark, SHARDS)
+        Self::with_shards(mark, SHARDS, None)
     }
 
     /// The same with one count, kept in the generation (no shards): a fraction of the
     /// memory, for the many entities of a resource template (each seldom admitted by two
-    /// threads at the same moment). Its requests skip the threads' caches.
-    pub fn single(mark: u64) -> Self {
-        Self::with_shards(mark, 0)
+    /// threads at the same moment). Its requests skip the threads' caches, and connections
+    /// watch `board` (shared by the template's entities) for their aborts.
+    pub fn single(mark: u64, board: Arc<AbortBoard>) -> Self {
+        Self::with_shards(mark, 0, Some(board))
     }
 
-    fn with_shards(mark: u64, shards: usize) -> Self {
+    fn with_shards(mark: u64, shards: usize, board: Option<Arc<AbortBoard>>) -> Self {
         debug_assert!(shards == 0 || shards.is_power_of_two());
         // Relaxed: only uniqueness matters.
         static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Self {
             id: NEXT_ID.fetch_add(1, Relaxed),
-            current: ArcSwap::from_pointee(Cohort::new(mark, true, shards)),
+            current: ArcSwap::from_pointee(Cohort::new(mark, true, shards, board)),
         }
     }
 
@@ -444,8 +453,11 @@ impl Drain {
     /// returns it with the cohort it replaces. Call with the resource's advance lock held,
     /// after `token` is durable and before it is published.
     pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
-        let shards = self.current.load().shards.len();
-        let next = Arc::new(Cohort::new(token, false, shards));
+        let next = {
+            let current = self.current.load();
+            let board = current.generation.board.clone();
+            Arc::new(Cohort::new(token, false, current.shards.len(), board))
+        };
         let counted = Ticket::take(next.counter());
         let old = self.current.swap(next);
         // `superseded`, then the count (read by `finish`): the advance's half of the

@@ -61,7 +61,7 @@ fn a_drain_never_ends_while_a_request_under_an_older_mark_is_registered() {
 /// The same for an entity's one-shard drain.
 #[test]
 fn a_one_shard_drain_never_ends_while_a_request_under_an_older_mark_is_registered() {
-    never_ends_early(Drain::single(1));
+    never_ends_early(Drain::single(1, Arc::default()));
 }
 
 fn never_ends_early(drain: Drain) {
@@ -175,7 +175,7 @@ async fn a_split_request_counts_once_until_both_halves_end() {
 
 #[tokio::test]
 async fn a_half_split_again_keeps_the_request_counted_on_both_kinds_of_drain() {
-    for d in [Drain::new(5), Drain::single(5)] {
+    for d in [Drain::new(5), Drain::single(5, Arc::default())] {
         let Entry::Entered(t) = d.enter(5) else {
             panic!()
         };

@@ -302,6 +302,53 @@ async fn an_abort_cuts_the_relay_of_an_early_answer_on_a_kept_connection() {
     );
 }
 
+/// The entities of a template share one abort board (`drain::AbortBoard`): a connection
+/// that served entities w/1 and w/2 is registered once, on the board, and its w/1 request
+/// that stalls mid-body is aborted by w/1's next drain. Another connection's stalled w/2
+/// request is woken by that abort too, finds its own entity not aborted and goes on: the
+/// rest of its body completes it (200), and only w/2's own advance aborts its next one.
+async fn an_abort_reaches_kept_connections_of_many_entities_and_only_that_entitys_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let up = recorder().await;
+    let text = support::render(CONFIG, up.addr, &marks).replace("{drain}", "100")
+        + r#"
+[[route]]
+name = "w"
+upstream = "rec"
+path_pattern = "/w/{id}"
+resource = "w/{id}"
+drain_timeout_ms = 100
+"#;
+    let proxy = support::proxy(&text, dir.path()).await;
+    let mut a = KeptConn::open(proxy.addr).await;
+    a.whole("/w/1", 2, "a-1").await;
+    a.whole("/w/2", 2, "a-2").await;
+    let mut b = KeptConn::open(proxy.addr).await;
+    b.whole("/w/2", 2, "b-1").await;
+    b.start("/w/2", 2, "b-2", 10, 5).await;
+    wait_until("b-2 at the upstream", Duration::from_secs(5), || {
+        up.rec.received("b-2") == 5
+    })
+    .await;
+    a.start("/w/1", 2, "a-3", 10, 5).await;
+    a.aborted_by_advance(&up, proxy.addr, "/w/1", 3, "a-3")
+        .await;
+    b.s.write_all(b"yyyyy").await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), read_response(&mut b.s))
+        .await
+        .unwrap_or_else(|_| Err("timeout".to_owned()));
+    assert_eq!(r.as_ref().map(|r| r.0), Ok(200), "b-2: {r:?}");
+    assert!(
+        up.rec.find("b-2", Kind::Complete).is_some(),
+        "{:#?}",
+        up.rec.events()
+    );
+    b.start("/w/2", 2, "b-3", 10, 5).await;
+    b.aborted_by_advance(&up, proxy.addr, "/w/2", 3, "b-3")
+        .await;
+}
+
 support::on_both_paths!(
     #[flavor = "multi_thread", worker_threads = 2]
     an_abort_reaches_a_later_request_of_a_kept_connection,
@@ -310,4 +357,5 @@ support::on_both_paths!(
     an_abort_reaches_a_kept_connection_that_served_another_resource_in_between,
     after_a_delivered_request_outlived_an_abort_the_next_abort_reaches_the_connection,
     an_abort_cuts_the_relay_of_an_early_answer_on_a_kept_connection,
+    an_abort_reaches_kept_connections_of_many_entities_and_only_that_entitys_requests,
 );
