@@ -26,7 +26,8 @@
 #        (`path_pattern = "/w/{id}"`, `resource = "w/{id}"`, one mark per entity, 100000
 #        entities seeded at mark 5 and all opened during a warm-up pass), both palisades sent
 #        `/w/<n>` for n cycling over the entities (a wrk script), and prints templated / fixed
-#        (the goal: >= 0.95x).
+#        (the goal: >= 0.95x). With BASELINE too, the baseline binary also runs the templated
+#        route ("templated-baseline") and this build's templated / the baseline's is printed.
 #        RESULTS_OUT=file benches/load.sh   also keeps every run's line there ("name conns rps
 #        p99_ms cpu_us_per_req"), for the spread behind the medians.
 # Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).
@@ -124,6 +125,7 @@ CONF
   # start), so the runs measure equal-token admissions, as on the fixed route.
   awk -v n="$TEMPLATED" 'BEGIN {printf "{\"format\":\"palisade-marks/1\",\"marks\":{"; for (i = 0; i < n; i++) printf "%s\"w/%d\":5", (i ? "," : ""), i; print "}}"}' \
     >"$WORK/templated/marks.json"
+  cp "$WORK/templated/marks.json" "$WORK/seed-marks.json" # palisade migrates it at start
   cat >"$WORK/entities.lua" <<LUA
 local n = math.random(0, $TEMPLATED - 1)
 request = function()
@@ -135,8 +137,22 @@ LUA
   PID[templated]=$!; PORT[templated]=$TPAL; NAMES+=(templated)
   wait_port "$TPAL"
   SCRIPT[palisade]=$WORK/entities.lua; SCRIPT[templated]=$WORK/entities.lua
+  if [[ -n ${BASELINE:-} ]]; then
+    SCRIPT[baseline]=$WORK/entities.lua
+    TBPAL=$(free_port); TBADM=$(free_port)
+    mkdir -p "$WORK/templated-baseline"
+    sed -e "s/127.0.0.1:$TPAL/127.0.0.1:$TBPAL/" -e "s/127.0.0.1:$TADM/127.0.0.1:$TBADM/" \
+      "$WORK/templated/palisade.toml" >"$WORK/templated-baseline/palisade.toml"
+    cp "$WORK/seed-marks.json" "$WORK/templated-baseline/marks.json"
+    RUST_LOG=warn "${PROXY_CPU[@]}" "$BASELINE" run --config "$WORK/templated-baseline/palisade.toml" 2>"$WORK/templated-baseline.log" & PIDS+=($!)
+    PID[templated-baseline]=$!; PORT[templated-baseline]=$TBPAL; NAMES+=(templated-baseline)
+    SCRIPT[templated-baseline]=$WORK/entities.lua
+    wait_port "$TBPAL"
+  fi
   # Opens every entity once (each first use reads its mark from the store).
-  "${LOAD_CPU[@]}" wrk -t1 -c64 -d"$((TEMPLATED / 20000 + 2))s" -s "$WORK/entities.lua" -H 'x-fencing-token: 5' "http://127.0.0.1:$TPAL/" >/dev/null
+  for port in "$TPAL" ${TBPAL:+"$TBPAL"}; do
+    "${LOAD_CPU[@]}" wrk -t1 -c64 -d"$((TEMPLATED / 20000 + 2))s" -s "$WORK/entities.lua" -H 'x-fencing-token: 5' "http://127.0.0.1:$port/" >/dev/null
+  done
 fi
 
 TICK=$(getconf CLK_TCK)
@@ -189,6 +205,11 @@ for c in $CONNS; do
     awk -v t="$(stat templated "$c" 3)" -v f="$(stat palisade "$c" 3)" -v tc="$(stat templated "$c" 5)" \
       -v fc="$(stat palisade "$c" 5)" -v n="$TEMPLATED" \
       'BEGIN {printf "       templated (%d entities) / fixed route: rps %.3fx, cpu per request %.3fx\n", n, t / f, tc / fc}'
+    if [[ -n ${BASELINE:-} ]]; then
+      awk -v t="$(stat templated "$c" 3)" -v b="$(stat templated-baseline "$c" 3)" -v tc="$(stat templated "$c" 5)" \
+        -v bc="$(stat templated-baseline "$c" 5)" \
+        'BEGIN {printf "       templated, this build / baseline: rps %.3fx, cpu per request %.3fx\n", t / b, tc / bc}'
+    fi
   fi
   if [[ ${FAST_PATH:-} == both ]]; then
     best=$(awk -v a="$(stat nginx "$c" 3)" -v b="$(stat haproxy "$c" 3)" 'BEGIN {print (a > b ? "nginx" : "haproxy")}')
