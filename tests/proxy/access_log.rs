@@ -427,17 +427,30 @@ async fn scrape(admin: std::net::SocketAddr) -> String {
         .text()
 }
 
+/// A proxy process on [`hanging_config`] in front of a [`hanging_upstream`].
+async fn hanging_proxy_process() -> (tempfile::TempDir, support::Upstream, support::ProxyProcess) {
+    let dir = tempfile::tempdir().unwrap();
+    let up = hanging_upstream().await;
+    let path = support::write(dir.path(), "palisade.toml", &hanging_config(up.addr));
+    let proxy = support::spawn_proxy(&path).unwrap();
+    (dir, up, proxy)
+}
+
+/// An HTTP/2 client connection (prior knowledge) to `addr`, ready for a request.
+async fn h2_client(addr: std::net::SocketAddr) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    h2.ready().await.unwrap()
+}
+
 /// Clients that go away before their answer are `client_closed` (499) in the access log and
 /// in `palisade_requests_total`, never `upstream_error` and never a WARN: an HTTP/1.1 client
 /// that closes mid-way through a chunked body, an HTTP/2 client that resets its stream
 /// mid-body, and a gRPC-style cancel (RST_STREAM(CANCEL) after the whole request, before the
 /// response head), each after the upstream got the request.
 async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = hanging_upstream().await;
-    let text = hanging_config(up.addr);
-    let path = support::write(dir.path(), "palisade.toml", &text);
-    let proxy = support::spawn_proxy(&path).unwrap();
+    let (dir, up, proxy) = hanging_proxy_process().await;
     let admin = proxy.admin.unwrap();
     // HTTP/1.1, chunked, gone after the first chunk.
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
@@ -446,10 +459,7 @@ async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors(
     up.log.wait(1).await;
     drop(client);
     // HTTP/2: a stream reset mid-body, then one cancelled after its whole request.
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
+    let mut h2 = h2_client(proxy.addr).await;
     for (n, whole) in [(2, false), (3, true)] {
         let req = http::Request::post(format!("http://{}/orders/1", proxy.addr))
             .header("x-fencing-token", "8")
@@ -531,16 +541,9 @@ async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
 /// a body refused 400 to nobody, and never forwarded.
 #[tokio::test]
 async fn an_http2_get_reset_before_its_first_frame_is_client_closed() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = hanging_upstream().await;
-    let text = hanging_config(up.addr);
-    let path = support::write(dir.path(), "palisade.toml", &text);
-    let proxy = support::spawn_proxy(&path).unwrap();
+    let (dir, up, proxy) = hanging_proxy_process().await;
     let admin = proxy.admin.unwrap();
-    let tcp = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
-    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
-    tokio::spawn(conn);
-    let mut h2 = h2.ready().await.unwrap();
+    let mut h2 = h2_client(proxy.addr).await;
     let req = http::Request::get(format!("http://{}/reads/1", proxy.addr))
         .body(())
         .unwrap();

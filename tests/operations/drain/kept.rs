@@ -15,7 +15,7 @@ use super::harness::{
     assert_gone, drain_metrics, post_now, read_response, setup, wait_until, write_mark, KeptConn,
     CONFIG,
 };
-use super::recorder::{recorder, Kind};
+use super::recorder::{recorder, Kind, Recorder};
 
 /// The abort reaches a request that is not its connection's first under the mark: the fast
 /// path registers a connection for a mark's abort once, at its first request, and keeps that
@@ -140,24 +140,33 @@ async fn an_abort_reaches_every_kept_connection_after_others_came_and_went() {
     );
 }
 
+/// A proxy on [`CONFIG`] (drains of 100 ms) with `route` (TOML, its own drain 100 ms too)
+/// added, in front of a recorder.
+async fn with_route(route: &str) -> (Recorder, support::Proxy, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let marks = dir.path().join("marks.json");
+    let up = recorder().await;
+    let text = support::render(CONFIG, up.addr, &marks).replace("{drain}", "100") + route;
+    let proxy = support::proxy(&text, dir.path()).await;
+    (up, proxy, dir)
+}
+
 /// A connection serves a request of resource `orders` (registered for its mark), one of
 /// resource `stock` (registered for that one instead), then an `orders` request that stalls
 /// mid-body: `orders`' next drain must abort it. Then a new connection: an `orders`
 /// request, then a `stock` one that stalls: `stock`'s drain must abort it.
 async fn an_abort_reaches_a_kept_connection_that_served_another_resource_in_between() {
-    let dir = tempfile::tempdir().unwrap();
-    let marks = dir.path().join("marks.json");
-    let up = recorder().await;
-    let text = support::render(CONFIG, up.addr, &marks).replace("{drain}", "100")
-        + r#"
+    let (up, proxy, _dir) = with_route(
+        r#"
 [[route]]
 name = "stock"
 upstream = "rec"
 path_prefix = "/stock"
 resource = "stock"
 drain_timeout_ms = 100
-"#;
-    let proxy = support::proxy(&text, dir.path()).await;
+"#,
+    )
+    .await;
     let mut kept = KeptConn::open(proxy.addr).await;
     kept.whole("/orders/x", 2, "o-1").await;
     kept.whole("/stock/x", 7, "s-1").await;
@@ -308,19 +317,17 @@ async fn an_abort_cuts_the_relay_of_an_early_answer_on_a_kept_connection() {
 /// request is woken by that abort too, finds its own entity not aborted and goes on: the
 /// rest of its body completes it (200), and only w/2's own advance aborts its next one.
 async fn an_abort_reaches_kept_connections_of_many_entities_and_only_that_entitys_requests() {
-    let dir = tempfile::tempdir().unwrap();
-    let marks = dir.path().join("marks.json");
-    let up = recorder().await;
-    let text = support::render(CONFIG, up.addr, &marks).replace("{drain}", "100")
-        + r#"
+    let (up, proxy, _dir) = with_route(
+        r#"
 [[route]]
 name = "w"
 upstream = "rec"
 path_pattern = "/w/{id}"
 resource = "w/{id}"
 drain_timeout_ms = 100
-"#;
-    let proxy = support::proxy(&text, dir.path()).await;
+"#,
+    )
+    .await;
     let mut a = KeptConn::open(proxy.addr).await;
     a.whole("/w/1", 2, "a-1").await;
     a.whole("/w/2", 2, "a-2").await;
