@@ -310,11 +310,11 @@ async fn a_renamed_resources_first_advance_aborts_the_old_names_requests_in_flig
 
 /// The memory goal of 10^6 entities with 10^5 cached (benches/entities.sh) rests on these
 /// sizes: a resource in mimalloc's 128-byte class, a generation with nobody waiting in its
-/// 56-byte class.
+/// 64-byte class (56 until it held its template's abort board; 61.4 MiB measured with it).
 #[test]
 fn an_entity_stays_small() {
     assert!(std::mem::size_of::<Resource>() <= 112);
     // A futex mutex (Linux); elsewhere std's mutex is larger.
     #[cfg(target_os = "linux")]
-    assert!(std::mem::size_of::<crate::fence::drain::Generation>() <= 40);
+    assert!(std::mem::size_of::<crate::fence::drain::Generation>() <= 48);
 }
