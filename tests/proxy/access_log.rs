@@ -507,12 +507,9 @@ async fn clients_gone_before_their_answer_are_client_closed_not_upstream_errors(
 /// A client still connected whose chunked body turns malformed after its request went
 /// upstream (a chunk size line that is not hex) gets 400 `malformed` and the connection
 /// closed, as nginx answers: not 499 `client_closed` (it is there to read the answer), nor
-/// an upstream error.
+/// an upstream error; the proxy's log says the request was cut, not refused.
 async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
-    let dir = tempfile::tempdir().unwrap();
-    let up = hanging_upstream().await;
-    let text = hanging_config(up.addr);
-    let proxy = support::proxy(&text, dir.path()).await;
+    let (dir, up, proxy) = hanging_proxy_process().await;
     let mut client = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let head = "POST /orders/1 HTTP/1.1\r\nhost: t\r\nx-fencing-token: 8\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
     client.write_all(head.as_bytes()).await.unwrap();
@@ -532,6 +529,21 @@ async fn a_malformed_chunked_body_from_a_client_still_there_is_a_400() {
         (Some(400), Some("malformed")),
         "{}",
         got[0]
+    );
+    // Logged as what happened: it went upstream and was cut, it was not refused.
+    let mut logs = Vec::new();
+    let limit = std::time::Instant::now() + Duration::from_secs(5);
+    while !logs
+        .iter()
+        .any(|l: &String| l.contains("request cut after it went upstream"))
+    {
+        assert!(std::time::Instant::now() < limit, "{logs:#?}");
+        logs.extend(proxy.logs.try_iter());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !logs.iter().any(|l| l.contains("request refused")),
+        "{logs:#?}"
     );
 }
 

@@ -167,7 +167,8 @@ impl Proxy {
         resp
     }
 
-    /// Refuses a request that matched `route`: logged, counted, answered from the table.
+    /// Refuses a request that matched `route` (or cuts one already on its way upstream):
+    /// logged, counted, answered from the table.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn refuse(
         &self,
@@ -191,6 +192,14 @@ impl Proxy {
             _ => true,
         };
         if whole {
+            // An upstream was chosen only for a request that passed: a refusal after that (its
+            // body went over `max_body_bytes` or turned malformed while it streamed) cut an
+            // exchange that had begun.
+            let what = if note.upstream.is_some() {
+                "request cut after it went upstream"
+            } else {
+                "request refused"
+            };
             tracing::info!(
                 route = %route.settings.name,
                 resource = resource.map(Resource::name),
@@ -198,7 +207,7 @@ impl Proxy {
                 mark = resource.map(Resource::mark),
                 peer = %peer,
                 reason = %rejection,
-                "request refused"
+                "{what}"
             );
         }
         route.metrics.count(outcome);
