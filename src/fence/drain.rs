@@ -34,9 +34,9 @@
 //! more, all on cache lines of the entering thread's shard: no lock, no shared reference
 //! count, no `arc-swap` load. Each thread keeps, in a thread-local cache, a strong reference to
 //! its shard of the cohort it last entered. A one-count drain has no shards and skips that
-//! cache: each request loads the current cohort (one `arc-swap` load), clones its generation
-//! and counts in the generation's own count; the order argument below is the same, with that
-//! count in place of the shard's. A request:
+//! cache: each request loads the current generation (one `arc-swap` load, no cohort in
+//! between), clones it and counts in its own count; the order argument below is the same,
+//! with that count in place of the shard's. A request:
 //!
 //! 1. clones that reference (the ticket's own, so the shard outlives the request),
 //! 2. adds 1 to the shard's count (`SeqCst`),
@@ -63,6 +63,7 @@
 //! an older one (the cache is refreshed from the current cohort, the slow path, which also
 //! runs on a thread's first request and after every advance).
 
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
@@ -275,6 +276,14 @@ impl Cohort {
         }
     }
 
+    /// The cohort of a one-count drain's `generation` (its count is the generation's).
+    fn lone(generation: Arc<Generation>) -> Self {
+        Self {
+            generation,
+            shards: Box::default(),
+        }
+    }
+
     /// The counter the calling thread counts in (a new reference to it).
     fn counter(&self) -> Counter {
         if self.shards.is_empty() {
@@ -335,10 +344,21 @@ pub enum Entry {
 
 /// Per-resource in-flight accounting.
 #[derive(Debug)]
-pub struct Drain {
-    /// Tells this drain's entries in the threads' caches from other drains'.
-    id: u64,
-    current: ArcSwap<Cohort>,
+pub struct Drain(Current);
+
+/// The requests a drain counts now: a sharded cohort, or for a one-count drain its
+/// generation itself (no cohort in between: one dependent load less per request on entities,
+/// whose lines are cold, each request naming another entity).
+// 16 bytes: a lone drain needs no id (it is never cached), so the id's zero tells the two
+// apart.
+#[derive(Debug)]
+enum Current {
+    Sharded {
+        /// Tells this drain's entries in the threads' caches from other drains'.
+        id: NonZeroU64,
+        cohort: ArcSwap<Cohort>,
+    },
+    Lone(ArcSwap<Generation>),
 }
 
 /// How an advance's drain ended.
@@ -368,25 +388,34 @@ impl Drain {
     fn with_shards(mark: u64, shards: usize, board: Option<Arc<AbortBoard>>) -> Self {
         debug_assert!(shards == 0 || shards.is_power_of_two());
         // Relaxed: only uniqueness matters.
-        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-        Self {
-            id: NEXT_ID.fetch_add(1, Relaxed),
-            current: ArcSwap::from_pointee(Cohort::new(mark, true, shards, board)),
-        }
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        Self(if shards == 0 {
+            Current::Lone(ArcSwap::from_pointee(Generation::new(mark, true, board)))
+        } else {
+            Current::Sharded {
+                id: NonZeroU64::new(NEXT_ID.fetch_add(1, Relaxed)).expect("2^64 drains"),
+                cohort: ArcSwap::from_pointee(Cohort::new(mark, true, shards, board)),
+            }
+        })
     }
 
     /// Requests admitted under the current mark and still in flight (a snapshot).
     pub fn in_flight(&self) -> u64 {
-        ticket::requests(self.current.load().in_flight())
+        ticket::requests(match &self.0 {
+            Current::Sharded { cohort, .. } => cohort.load().in_flight(),
+            Current::Lone(g) => g.load().count.load(SeqCst),
+        })
     }
 
     /// The token of an advance waiting for older owners' requests (its generation is not
     /// ready yet), if one is: a snapshot, for the admin's status page.
     pub fn draining(&self) -> Option<u64> {
-        let current = self.current.load();
         // SeqCst like every other access of `ready`; a stale answer only shows late.
-        let g = &current.generation;
-        (!g.ready.load(SeqCst)).then_some(g.token)
+        let waiting = |g: &Generation| (!g.ready.load(SeqCst)).then_some(g.token);
+        match &self.0 {
+            Current::Sharded { cohort, .. } => waiting(&cohort.load().generation),
+            Current::Lone(g) => waiting(&g.load()),
+        }
     }
 
     /// Enters the current generation with `token`, which the caller found equal to the mark.
@@ -394,9 +423,11 @@ impl Drain {
     // must not be returned through memory on the hot path.
     #[inline(always)]
     pub fn enter(&self, token: u64) -> Entry {
-        if let Some(shard) = ticket::cached(self.id) {
-            if let Some(entry) = Self::enter_counter(Counter::Shard(shard), token) {
-                return entry;
+        if let Current::Sharded { id, .. } = &self.0 {
+            if let Some(shard) = ticket::cached(id.get()) {
+                if let Some(entry) = Self::enter_counter(Counter::Shard(shard), token) {
+                    return entry;
+                }
             }
         }
         self.enter_uncached(token)
@@ -407,10 +438,16 @@ impl Drain {
     #[cold]
     #[inline(never)]
     fn enter_uncached(&self, token: u64) -> Entry {
-        let counter = self.current.load().counter();
-        if let Counter::Shard(shard) = &counter {
-            ticket::cache(self.id, shard);
-        }
+        let counter = match &self.0 {
+            Current::Sharded { id, cohort } => {
+                let counter = cohort.load().counter();
+                if let Counter::Shard(shard) = &counter {
+                    ticket::cache(id.get(), shard);
+                }
+                counter
+            }
+            Current::Lone(g) => Counter::Lone(g.load_full()),
+        };
         // `None` here: the current cohort is older than the mark (cannot happen, cohorts are
         // installed before the mark is published) or was superseded meanwhile. Judging again
         // is always safe.
@@ -453,13 +490,24 @@ impl Drain {
     /// returns it with the cohort it replaces. Call with the resource's advance lock held,
     /// after `token` is durable and before it is published.
     pub fn install(&self, token: u64) -> (Ticket, Arc<Cohort>) {
-        let next = {
-            let current = self.current.load();
-            let board = current.generation.board.clone();
-            Arc::new(Cohort::new(token, false, current.shards.len(), board))
+        let (counted, old) = match &self.0 {
+            Current::Sharded { cohort, .. } => {
+                let next = {
+                    let current = cohort.load();
+                    let board = current.generation.board.clone();
+                    Arc::new(Cohort::new(token, false, current.shards.len(), board))
+                };
+                let counted = Ticket::take(next.counter());
+                (counted, cohort.swap(next))
+            }
+            Current::Lone(g) => {
+                let next = Arc::new(Generation::new(token, false, g.load().board.clone()));
+                let counted = Ticket::take(Counter::Lone(Arc::clone(&next)));
+                // Wrapped for `finish`, which waits on it like on any cohort.
+                let old = Arc::new(Cohort::lone(g.swap(next)));
+                (counted, old)
+            }
         };
-        let counted = Ticket::take(next.counter());
-        let old = self.current.swap(next);
         // `superseded`, then the count (read by `finish`): the advance's half of the
         // store-buffer pattern.
         old.generation.superseded.store(true, SeqCst);

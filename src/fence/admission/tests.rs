@@ -314,7 +314,25 @@ async fn a_renamed_resources_first_advance_aborts_the_old_names_requests_in_flig
 #[test]
 fn an_entity_stays_small() {
     assert!(std::mem::size_of::<Resource>() <= 112);
+    assert_eq!(
+        std::mem::size_of::<Drain>(),
+        16,
+        "the drain's kind folded into its id"
+    );
     // A futex mutex (Linux); elsewhere std's mutex is larger.
     #[cfg(target_os = "linux")]
     assert!(std::mem::size_of::<crate::fence::drain::Generation>() <= 48);
+}
+
+/// What every admission touches lies in the first cache line of the resource's allocation
+/// (after `Arc`'s two counts): see the comment on [`Resource`].
+#[test]
+#[cfg(target_pointer_width = "64")]
+fn what_an_admission_touches_shares_one_cache_line() {
+    use std::mem::offset_of;
+    let counts = 2 * std::mem::size_of::<usize>();
+    let end = |offset: usize, size: usize| counts + offset + size;
+    assert!(end(offset_of!(Resource, mark), std::mem::size_of::<Watermark>()) <= 64);
+    assert!(end(offset_of!(Resource, drain), std::mem::size_of::<Drain>()) <= 64);
+    assert!(end(offset_of!(Resource, touched), 1) <= 64);
 }
