@@ -902,6 +902,66 @@ async fn an_http2_get_ended_by_an_empty_data_frame_has_no_body() {
     );
 }
 
+/// On a route that forwards GET bodies, an HTTP/2 GET whose stream stays open goes upstream at
+/// once, its body streamed after it: only a route that refuses GET bodies waits (up to one
+/// second) for the first frame to tell an empty body from none. Before, every route waited.
+#[tokio::test]
+async fn an_http2_get_on_a_route_forwarding_get_bodies_is_not_held_back() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let (head_seen, seen) = tokio::sync::oneshot::channel();
+    let upstream = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut read = Vec::new();
+        let mut buf = [0; 1024];
+        let mut head_seen = Some(head_seen);
+        // The head, then the chunked body to its last chunk.
+        while !read.ends_with(b"0\r\n\r\n") {
+            let n = sock.read(&mut buf).await.unwrap();
+            assert!(n > 0, "the proxy closed before the body ended: {read:?}");
+            read.extend_from_slice(&buf[..n]);
+            if read.windows(4).any(|w| w == b"\r\n\r\n") {
+                if let Some(tx) = head_seen.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        sock.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+            .await
+            .unwrap();
+        String::from_utf8(read).unwrap()
+    });
+    let (p, _dir) = proxy(&config(
+        &format!("url = \"http://{up}\""),
+        "get_bodies = \"forward\"",
+    ))
+    .await;
+    let tcp = TcpStream::connect(p.addr).await.unwrap();
+    let (h2, conn) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(conn);
+    let mut h2 = h2.ready().await.unwrap();
+    let req = http::Request::get(format!("http://{}/items/6", p.addr))
+        .body(())
+        .unwrap();
+    let sent = Instant::now();
+    let (response, mut stream) = h2.send_request(req, false).unwrap();
+    // No frame after HEADERS until the upstream has the request.
+    seen.await.unwrap();
+    let waited = sent.elapsed();
+    assert!(
+        waited < Duration::from_millis(500),
+        "the head went upstream after {waited:?}: held back for a first frame"
+    );
+    stream.send_data(Bytes::from_static(b"abc"), true).unwrap();
+    assert_eq!(response.await.unwrap().status(), StatusCode::OK);
+    let read = upstream.await.unwrap();
+    assert!(read.starts_with("GET /items/6 HTTP/1.1\r\n"), "{read}");
+    assert!(
+        read.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n"),
+        "the body, whole: {read}"
+    );
+}
+
 /// A frame an HTTP/2 test client sends after HEADERS (or a field of the HEADERS themselves).
 enum H2Frame {
     Data(&'static str),

@@ -50,6 +50,19 @@ pub(super) struct Passed<'a> {
 }
 
 impl Proxy {
+    /// Whether the route `req` goes to refuses a body on a bodiless method (`get_bodies =
+    /// "reject"`, the default): only there is an HTTP/2 GET's first frame worth waiting for
+    /// (`peek::settle`). `false` for a request [`Proxy::admit`] refuses before that rule.
+    pub(super) fn refuses_get_body(&self, req: &impl RequestView) -> bool {
+        let (Ok(normalized), Ok(host)) = (path::normalize(req.path()), request_host(req)) else {
+            return false;
+        };
+        match self.route(req.method(), host.host, &path::match_key(&normalized)) {
+            Routed::To(r) => r.settings.get_bodies == GetBodies::Reject,
+            Routed::MethodNotAllowed(_) | Routed::Nowhere => false,
+        }
+    }
+
     /// Everything before the upstream exchange, shared by hyper's path ([`Proxy::serve`]) and
     /// the HTTP/1.1 fast path (`fast`): path normal form, host, routing, method rules, the
     /// GET-body rule, `max_body_bytes` and the fence. Only the request's head is read (and what

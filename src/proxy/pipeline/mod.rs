@@ -24,7 +24,7 @@ mod upstream;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
@@ -148,7 +148,15 @@ impl Proxy {
         note: &mut Note<'a>,
     ) -> Response<ProxyBody> {
         let peer = client.addr;
-        peek::settle(&mut req).await;
+        if peek::unsettled(&req) {
+            // Worth waiting for only where a body would be refused.
+            let wait = if self.refuses_get_body(&req) {
+                peek::FIRST_FRAME_WAIT
+            } else {
+                Duration::ZERO
+            };
+            peek::settle(&mut req, wait).await;
+        }
         let Passed {
             route,
             upstream,

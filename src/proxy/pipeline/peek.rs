@@ -2,7 +2,8 @@
 //! clients end it with an empty DATA frame right after. Its first frames are read before the
 //! GET-body rule judges it, so that an empty body is no body (nginx answers such a GET 200;
 //! it used to be refused 400 here). The first bytes of a real body are kept and sent first
-//! ([`Peeked`]): a route that forwards GET bodies loses nothing.
+//! ([`Peeked`]): a route that forwards GET bodies loses nothing, and waits for nothing (it
+//! reads only the frames already received).
 
 use std::time::Duration;
 
@@ -18,19 +19,26 @@ use crate::proxy::error_chain::error_chain;
 /// a body (a client that sends HEADERS without END_STREAM and then nothing).
 pub(super) const FIRST_FRAME_WAIT: Duration = Duration::from_secs(1);
 
-/// Reads `req`'s first frames when it is an HTTP/2 request on a bodiless method with its
-/// stream still open and no `Content-Length` but 0: up to its end (then its body is ended, as if
-/// HEADERS had said so), its first data, trailers or error (kept in a [`Peeked`] extension:
-/// the request then has a body), or [`FIRST_FRAME_WAIT`] (the same without a frame).
-pub(super) async fn settle(req: &mut Request<Incoming>) {
-    if req.version() != Version::HTTP_2
-        || !is_bodiless_method(req.method().as_str())
-        || req.body().is_end_stream()
-        || req
+/// Whether `req` is an HTTP/2 request on a bodiless method with its stream still open and no
+/// `Content-Length` but 0: one whose body [`settle`] may find empty.
+pub(super) fn unsettled(req: &Request<Incoming>) -> bool {
+    req.version() == Version::HTTP_2
+        && is_bodiless_method(req.method().as_str())
+        && !req.body().is_end_stream()
+        && req
             .headers()
             .get(header::CONTENT_LENGTH)
-            .is_some_and(|v| v.as_bytes() != b"0")
-    {
+            .is_none_or(|v| v.as_bytes() == b"0")
+}
+
+/// Reads an [`unsettled`] request's first frames: up to its end (then its body is ended, as if
+/// HEADERS had said so), its first data, trailers or error (kept in a [`Peeked`] extension:
+/// the request then has a body), or `wait` (the same without a frame). With no wait, only
+/// the frames already received are read (a route that forwards GET bodies has nothing to wait
+/// for: it forwards what comes, and an empty body read at once still keeps its upstream
+/// connection reusable).
+pub(super) async fn settle(req: &mut Request<Incoming>, wait: Duration) {
+    if !unsettled(req) {
         return;
     }
     let body = req.body_mut();
@@ -50,7 +58,8 @@ pub(super) async fn settle(req: &mut Request<Incoming>) {
             }
         }
     };
-    if let Ok(Some(first)) = tokio::time::timeout(FIRST_FRAME_WAIT, read).await {
+    // `timeout` polls `read` before its deadline: a zero wait still reads what arrived.
+    if let Ok(Some(first)) = tokio::time::timeout(wait, read).await {
         req.extensions_mut().insert(first);
     }
 }
