@@ -29,7 +29,12 @@
 #        (the goal: >= 0.95x). With BASELINE too, the baseline binary also runs the templated
 #        route ("templated-baseline") and this build's templated / the baseline's is printed.
 #        RESULTS_OUT=file benches/load.sh   also keeps every run's line there ("name conns rps
-#        p99_ms cpu_us_per_req"), for the spread behind the medians.
+#        p99_ms cpu_us_per_req round"), for the spread behind the medians.
+#   A ratio between two palisades (this build / baseline, templated / fixed, fast / hyper
+#   path) is the median over rounds of the ratio within each round, the two run one after the
+#   other (the compared instances are adjacent in the order): on a machine whose speed drifts
+#   (a shared VM), a ratio of medians taken minutes apart measures the drift. The rounds'
+#   lowest and highest ratio are printed beside it.
 # Needs nginx, haproxy and wrk (installed with apt-get when missing and run as root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -155,6 +160,15 @@ LUA
   done
 fi
 
+# The compared palisades first and side by side (each ratio is taken within a round).
+mapfile -t NAMES < <(printf '%s\n' "${NAMES[@]}" | awk '
+  {n[NR] = $0}
+  END {
+    split("palisade templated baseline templated-baseline hyper-path", first, " ")
+    for (i = 1; i in first; i++) for (j = 1; j <= NR; j++) if (n[j] == first[i]) {print n[j]; n[j] = ""}
+    for (j = 1; j <= NR; j++) if (n[j] != "") print n[j]
+  }')
+
 TICK=$(getconf CLK_TCK)
 
 run_wrk() { # name conns -> "rps p99_ms cpu_us_per_req"
@@ -177,13 +191,31 @@ for r in $(seq "$ROUNDS"); do
   if ((r % 2 == 0)); then mapfile -t order < <(printf '%s\n' "${NAMES[@]}" | tac); fi
   for c in $CONNS; do
     for name in "${order[@]}"; do
-      echo "$name $c $(run_wrk "$name" "$c")" >>"$RESULTS"
+      echo "$name $c $(run_wrk "$name" "$c") $r" >>"$RESULTS"
     done
   done
 done
 
 if [[ -n ${RESULTS_OUT:-} ]]; then cp "$RESULTS" "$RESULTS_OUT"; fi
 stat() { awk -v n="$1" -v c="$2" -v f="$3" '$1 == n && $2 == c {print $f}' "$RESULTS" | median; }
+# paired A B CONNS FIELD -> "median lowest highest" of A / B within each round.
+paired() {
+  local ratios m
+  ratios=$(awk -v a="$1" -v b="$2" -v c="$3" -v f="$4" '
+    $2 == c && $1 == a {x[$6] = $f}
+    $2 == c && $1 == b {y[$6] = $f}
+    END {for (r in x) if (r in y && y[r] > 0) print x[r] / y[r]}' "$RESULTS" | sort -g)
+  m=$(median <<<"$ratios")
+  echo "$m $(head -1 <<<"$ratios") $(tail -1 <<<"$ratios")"
+}
+# ratio LABEL A B CONNS: the paired requests/s and CPU-per-request ratios of A to B.
+ratio() {
+  local rps cpu
+  read -r -a rps <<<"$(paired "$2" "$3" "$4" 3)"
+  read -r -a cpu <<<"$(paired "$2" "$3" "$4" 5)"
+  printf "       %s: rps %.3fx (rounds %.3f..%.3f), cpu per request %.3fx (%.3f..%.3f)\n" \
+    "$1" "${rps[@]}" "${cpu[@]}"
+}
 printf "%-6s" conns
 for name in "${NAMES[@]}"; do printf " | %-26s" "$name rps (p99 ms, us/req)"; done
 printf " | %s\n" "palisade / best peer: rps, p99"
@@ -197,25 +229,18 @@ for c in $CONNS; do
   best=$(awk -v a="$(stat nginx "$c" 3)" -v b="$(stat haproxy "$c" 3)" 'BEGIN {print (a > b ? "nginx" : "haproxy")}')
   awk -v p="$(stat palisade "$c" 3)" -v b="$(stat "$best" "$c" 3)" -v pp="$(stat palisade "$c" 4)" \
     -v bp="$(stat "$best" "$c" 4)" -v n="$best" 'BEGIN {printf " | %.2fx, %.2fx (vs %s)\n", p / b, pp / bp, n}'
-  if [[ -n ${BASELINE:-} ]]; then
-    awk -v p="$(stat palisade "$c" 3)" -v b="$(stat baseline "$c" 3)" -v pc="$(stat palisade "$c" 5)" \
-      -v bc="$(stat baseline "$c" 5)" 'BEGIN {printf "       this build / baseline: rps %.3fx, cpu per request %.3fx\n", p / b, pc / bc}'
-  fi
+  if [[ -n ${BASELINE:-} ]]; then ratio "this build / baseline" palisade baseline "$c"; fi
   if [[ -n ${TEMPLATED:-} ]]; then
-    awk -v t="$(stat templated "$c" 3)" -v f="$(stat palisade "$c" 3)" -v tc="$(stat templated "$c" 5)" \
-      -v fc="$(stat palisade "$c" 5)" -v n="$TEMPLATED" \
-      'BEGIN {printf "       templated (%d entities) / fixed route: rps %.3fx, cpu per request %.3fx\n", n, t / f, tc / fc}'
+    ratio "templated ($TEMPLATED entities) / fixed route" templated palisade "$c"
     if [[ -n ${BASELINE:-} ]]; then
-      awk -v t="$(stat templated "$c" 3)" -v b="$(stat templated-baseline "$c" 3)" -v tc="$(stat templated "$c" 5)" \
-        -v bc="$(stat templated-baseline "$c" 5)" \
-        'BEGIN {printf "       templated, this build / baseline: rps %.3fx, cpu per request %.3fx\n", t / b, tc / bc}'
+      ratio "templated, this build / baseline" templated templated-baseline "$c"
     fi
   fi
   if [[ ${FAST_PATH:-} == both ]]; then
+    ratio "fast path / hyper path" palisade hyper-path "$c"
     best=$(awk -v a="$(stat nginx "$c" 3)" -v b="$(stat haproxy "$c" 3)" 'BEGIN {print (a > b ? "nginx" : "haproxy")}')
-    awk -v p="$(stat palisade "$c" 3)" -v h="$(stat hyper-path "$c" 3)" -v pc="$(stat palisade "$c" 5)" \
-      -v hc="$(stat hyper-path "$c" 5)" -v b="$(stat "$best" "$c" 3)" -v n="$best" \
-      'BEGIN {printf "       fast path / hyper path: rps %.3fx, cpu per request %.3fx; hyper path / %s: %.2fx\n", p / h, pc / hc, n, h / b}'
+    awk -v h="$(stat hyper-path "$c" 3)" -v b="$(stat "$best" "$c" 3)" -v n="$best" \
+      'BEGIN {printf "       hyper path / %s: %.2fx\n", n, h / b}'
   fi
 done
 echo "palisade peak RSS: $(awk '/VmHWM/ {printf "%.1f MiB", $2 / 1024}' "/proc/$PAL_PID/status")"
