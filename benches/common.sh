@@ -93,6 +93,41 @@ ${6:-}
 CONF
 }
 
+# templated_conf FILE ENTITIES: turns the palisade_conf in FILE into one whose route takes its
+# resource from the path (`path_pattern = "/w/{id}"`, `resource = "w/{id}"`, one mark per
+# entity, room for ENTITIES cached and stored marks), seeds every entity's mark at 5 (a
+# palisade 0.1 marks.json beside the configuration, migrated at start: the runs measure
+# equal-token admissions, as on a fixed route) and writes entities.lua beside it, a wrk
+# script that sends `/w/<n>` for n cycling over the entities from a random start.
+templated_conf() {
+  local dir
+  dir=$(dirname "$1")
+  sed -i -e '/^\[\[route\]\]$/,$d' -e "s/^\[marks\]$/[marks]\nmax_cached = $(($2 * 3 / 2))/" "$1"
+  cat >>"$1" <<CONF
+[[route]]
+name = "bench"
+upstream = "legacy"
+path_pattern = "/w/{id}"
+resource = "w/{id}"
+max_marks = $(($2 * 2))
+CONF
+  awk -v n="$2" 'BEGIN {printf "{\"format\":\"palisade-marks/1\",\"marks\":{"; for (i = 0; i < n; i++) printf "%s\"w/%d\":5", (i ? "," : ""), i; print "}}"}' \
+    >"$dir/marks.json"
+  cat >"$dir/entities.lua" <<LUA
+local n = math.random(0, $2 - 1)
+request = function()
+  n = (n + 1) % $2
+  return wrk.format(nil, "/w/" .. n)
+end
+LUA
+}
+
+# open_entities PORT ENTITIES SCRIPT: sends every entity of a templated_conf palisade on PORT
+# one request (each first use reads its mark from the store), with the wrk SCRIPT.
+open_entities() {
+  "${LOAD_CPU[@]}" wrk -t1 -c64 -d"$(($2 / 20000 + 2))s" -s "$3" -H 'x-fencing-token: 5' "http://127.0.0.1:$1/" >/dev/null
+}
+
 # The median of the numbers on stdin.
 # Makes the run's scratch directory $WORK and kills every pid in $PIDS and removes $WORK when
 # the script exits, however it exits.

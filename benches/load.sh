@@ -116,28 +116,10 @@ if [[ -n ${TEMPLATED:-} ]]; then
   TPAL=$(free_port); TADM=$(free_port)
   mkdir -p "$WORK/templated"
   sed -e "s/127.0.0.1:$PAL/127.0.0.1:$TPAL/" -e "s/127.0.0.1:$ADM/127.0.0.1:$TADM/" \
-    -e '/^\[\[route\]\]$/,$d' "$WORK/palisade.toml" >"$WORK/templated/palisade.toml"
-  sed -i "s/^\[marks\]$/[marks]\nmax_cached = $((TEMPLATED * 3 / 2))/" "$WORK/templated/palisade.toml"
-  cat >>"$WORK/templated/palisade.toml" <<CONF
-[[route]]
-name = "bench"
-upstream = "legacy"
-path_pattern = "/w/{id}"
-resource = "w/{id}"
-max_marks = $((TEMPLATED * 2))
-CONF
-  # Every entity's mark is 5 already (a palisade 0.1 marks.json beside marks.db, migrated at
-  # start), so the runs measure equal-token admissions, as on the fixed route.
-  awk -v n="$TEMPLATED" 'BEGIN {printf "{\"format\":\"palisade-marks/1\",\"marks\":{"; for (i = 0; i < n; i++) printf "%s\"w/%d\":5", (i ? "," : ""), i; print "}}"}' \
-    >"$WORK/templated/marks.json"
+    "$WORK/palisade.toml" >"$WORK/templated/palisade.toml"
+  templated_conf "$WORK/templated/palisade.toml" "$TEMPLATED"
+  cp "$WORK/templated/entities.lua" "$WORK/entities.lua"
   cp "$WORK/templated/marks.json" "$WORK/seed-marks.json" # palisade migrates it at start
-  cat >"$WORK/entities.lua" <<LUA
-local n = math.random(0, $TEMPLATED - 1)
-request = function()
-  n = (n + 1) % $TEMPLATED
-  return wrk.format(nil, "/w/" .. n)
-end
-LUA
   RUST_LOG=warn "${PROXY_CPU[@]}" "$BIN" run --config "$WORK/templated/palisade.toml" 2>"$WORK/templated.log" & PIDS+=($!)
   PID[templated]=$!; PORT[templated]=$TPAL; NAMES+=(templated)
   wait_port "$TPAL"
@@ -155,9 +137,7 @@ LUA
     wait_port "$TBPAL"
   fi
   # Opens every entity once (each first use reads its mark from the store).
-  for port in "$TPAL" ${TBPAL:+"$TBPAL"}; do
-    "${LOAD_CPU[@]}" wrk -t1 -c64 -d"$((TEMPLATED / 20000 + 2))s" -s "$WORK/entities.lua" -H 'x-fencing-token: 5' "http://127.0.0.1:$port/" >/dev/null
-  done
+  for port in "$TPAL" ${TBPAL:+"$TBPAL"}; do open_entities "$port" "$TEMPLATED" "$WORK/entities.lua"; done
 fi
 
 # The compared palisades first and side by side (each ratio is taken within a round).

@@ -12,7 +12,10 @@
 #        ROUNDS=3 DURATION=4 CONNS="256" OTHER=... benches/pair.sh   3 rounds of 4 s each;
 #        THIS=/path/to/palisade OTHER=... benches/pair.sh   compares two built binaries;
 #        EXTRA_THIS='response_timeout_ms = 0' OTHER=... benches/pair.sh   appends a line to
-#        one build's configuration, after its [[route]] (EXTRA_OTHER: the other's))
+#        one build's configuration, after its [[route]] (EXTRA_OTHER: the other's);
+#        TEMPLATED=100000 OTHER=... benches/pair.sh   both builds on a templated route over
+#        that many entities (benches/common.sh's templated_conf: marks seeded at 5, every
+#        entity opened first, each request naming the next entity))
 # Prints, per round: each build's requests/s, p99 and CPU per request (user + system, from
 # /proc/<pid>/stat), and this build / other.
 set -euo pipefail
@@ -39,6 +42,12 @@ UP=$(free_port); A=$(free_port); AA=$(free_port); B=$(free_port); BA=$(free_port
 upstream_conf "$WORK/upstream.conf" "$UP"
 palisade_conf "$WORK/a/palisade.toml" "$A" "$AA" "$UP" http1 "${EXTRA_THIS:-}"
 palisade_conf "$WORK/b/palisade.toml" "$B" "$BA" "$UP" http1 "${EXTRA_OTHER:-}"
+SCRIPT=()
+if [[ -n ${TEMPLATED:-} ]]; then
+  templated_conf "$WORK/a/palisade.toml" "$TEMPLATED"
+  templated_conf "$WORK/b/palisade.toml" "$TEMPLATED"
+  SCRIPT=(-s "$WORK/a/entities.lua")
+fi
 
 "${LOAD_CPU[@]}" "$NGINX" -p "$WORK" -c "$WORK/upstream.conf" -g 'daemon off;' & PIDS+=($!)
 (cd "$WORK/a" && RUST_LOG=warn exec "${PROXY_CPU[@]}" "$BIN" run --config palisade.toml 2>palisade.log) & PIDS+=($!)
@@ -46,12 +55,16 @@ A_PID=$!
 (cd "$WORK/b" && RUST_LOG=warn exec "${PROXY_CPU[@]}" "$OTHER" run --config palisade.toml 2>palisade.log) & PIDS+=($!)
 B_PID=$!
 wait_port "$UP"; wait_port "$A"; wait_port "$B"
+if [[ -n ${TEMPLATED:-} ]]; then
+  open_entities "$A" "$TEMPLATED" "$WORK/a/entities.lua"
+  open_entities "$B" "$TEMPLATED" "$WORK/a/entities.lua"
+fi
 
 TCK=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-wrk_at() { "${LOAD_CPU[@]}" wrk -t1 -c"$1" -d"$2"s --latency -H 'x-fencing-token: 5' "http://127.0.0.1:$3/orders/7"; }
+wrk_at() { "${LOAD_CPU[@]}" wrk -t1 -c"$1" -d"$2"s --latency "${SCRIPT[@]}" -H 'x-fencing-token: 5' "http://127.0.0.1:$3/orders/7"; }
 
-echo "paired A/B: this build vs $OTHER, both on one core ($PIN), wrk -t1 each, $ROUNDS rounds of ${DURATION}s"
+echo "paired A/B: this build vs $OTHER, both on one core ($PIN), wrk -t1 each, $ROUNDS rounds of ${DURATION}s${TEMPLATED:+, templated route over $TEMPLATED entities}"
 for c in $CONNS; do
   # Warm-up: connections open, marks loaded, caches filled.
   wrk_at "$c" 1 "$A" >/dev/null & w=$!; wrk_at "$c" 1 "$B" >/dev/null; wait "$w"
@@ -60,6 +73,9 @@ for c in $CONNS; do
     a0=$(cpu_ticks "$A_PID"); b0=$(cpu_ticks "$B_PID")
     wrk_at "$c" "$DURATION" "$A" >"$WORK/a.out" & w=$!; wrk_at "$c" "$DURATION" "$B" >"$WORK/b.out"; wait "$w"
     a1=$(cpu_ticks "$A_PID"); b1=$(cpu_ticks "$B_PID")
+    for out in a b; do
+      if grep -q "Non-2xx" "$WORK/$out.out"; then echo "$out: non-2xx responses:" >&2; cat "$WORK/$out.out" >&2; exit 1; fi
+    done
     na=$(awk '/requests in/ {print $1}' "$WORK/a.out"); nb=$(awk '/requests in/ {print $1}' "$WORK/b.out")
     pa=$(p99_ms <"$WORK/a.out"); pb=$(p99_ms <"$WORK/b.out")
     r=$(awk -v a="$na" -v b="$nb" 'BEGIN {printf "%.3f", a / b}')
